@@ -1,0 +1,56 @@
+"""
+Poor Man's Configurator, as in nanoGPT. Exec'd from a script's globals, not imported:
+
+$ python train.py config/override_file.py --batch_size=32
+
+The config file is plain Python that assigns existing globals; each --key=value overrides one of them.
+Unlike nanoGPT, an unknown key or a value of the wrong type stops the run with a one-line error.
+"""
+import difflib as _difflib
+from ast import literal_eval as _literal_eval
+
+_config_types = (int, float, bool, str, type(None))
+_keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
+
+
+def _config_error(msg):
+    raise SystemExit(f"config error: {msg}")
+
+
+def _checked(key, value, where):
+    if key not in _keys:
+        hint = _difflib.get_close_matches(key, _keys, n=1)
+        _config_error(f"unknown key '{key}' in {where}" + (f"; did you mean '{hint[0]}'?" if hint else
+                      f"; valid keys: {', '.join(sorted(_keys))}"))
+    default = _keys[key]
+    if default is None or type(value) is type(default):
+        return value
+    if type(default) is float and type(value) is int:
+        return float(value)  # --learning_rate=1 means 1.0
+    _config_error(f"{key} expects {type(default).__name__} (like {default!r}), got {value!r} in {where}")
+
+
+for _arg in __import__('sys').argv[1:]:
+    if not _arg.startswith('--'):  # a config file
+        try:
+            _source = open(_arg).read()
+        except OSError as _e:
+            _config_error(f"cannot read config file {_arg}: {_e.strerror}; arguments are config/x.py or --key=value")
+        _scope = dict(_keys)
+        exec(_source, _scope)
+        for _key, _val in _scope.items():
+            if _key.startswith('_') or _key == '__builtins__' or type(_val).__name__ == 'module':
+                continue
+            if _key not in _keys or _val is not _keys[_key]:
+                globals()[_key] = _keys[_key] = _checked(_key, _val, _arg)
+        print(f"Overriding config with {_arg}")
+    else:
+        if '=' not in _arg:
+            _config_error(f"'{_arg}' has no value; write --key=value")
+        _key, _val = _arg[2:].split('=', 1)
+        try:
+            _val = _literal_eval(_val)  # numbers, booleans, None, quoted strings
+        except (SyntaxError, ValueError):
+            pass                        # anything else is a plain string
+        globals()[_key] = _keys[_key] = _checked(_key, _val, f"--{_key}")
+        print(f"Overriding: {_key} = {_val}")

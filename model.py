@@ -1,0 +1,179 @@
+"""
+A GPT language model whose attention rule is one config key (`attention`, a key of attention.ATTENTION).
+Follows nanoGPT's model.py: pre-norm Blocks, GELU MLP, learned or rotary positions, tied or untied head.
+The same Block serves the ViT (vit.py) with causal=False.
+"""
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from attention import AttentionConfig, build_attention
+
+
+@dataclass
+class GPTConfig(AttentionConfig):
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = 12
+    mlp_hidden: int = 0      # MLP hidden width; 0 means 4 * n_embd
+    tie_weights: bool = True  # share the token embedding with the output head
+    drop_path: float = 0.0   # stochastic depth, linear over depth (ViT); 0 for the GPT
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1 on every path)."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.mlp_hidden or 4 * config.n_embd
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample, scaling the kept ones by 1/keep."""
+
+    def __init__(self, rate):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x):
+        if not self.training or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        mask = x.new_empty(x.size(0), *([1] * (x.dim() - 1))).bernoulli_(keep)
+        return x * mask / keep
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)). Shared by GPT and ViT."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = build_attention(config, layer_idx)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+        self.drop_path = DropPath(config.drop_path * layer_idx / max(1, config.n_layer - 1))
+
+    def forward(self, x):
+        x = x + self.drop_path(self.attn(self.ln_1(x)))
+        x = x + self.drop_path(self.mlp(self.ln_2(x)))
+        return x
+
+
+def init_weights(model, n_layer):
+    """nanoGPT/GPT-2 init: N(0, 0.02) for Linears and Embeddings, zero biases, residual projections
+    (c_proj) scaled by 1/sqrt(2 n_layer). A variant with its own init (a gate, say) defines
+    `init_extra()`, called last."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            torch.nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            torch.nn.init.zeros_(m.bias)
+    for name, p in model.named_parameters():
+        if name.endswith('c_proj.weight'):
+            torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+    for m in model.modules():
+        if hasattr(m, 'init_extra'):
+            m.init_extra()
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.vocab_size is not None and config.block_size is not None
+        if config.pos_emb not in ('learned', 'rope'):
+            raise ValueError(f"pos_emb must be 'learned' or 'rope', got '{config.pos_emb}'")
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd) if config.pos_emb == 'learned' else None,
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        init_weights(self, config.n_layer)
+        if config.tie_weights:  # https://paperswithcode.com/method/weight-tying
+            self.transformer.wte.weight = self.lm_head.weight
+
+    def get_num_params(self, non_embedding=True):
+        """Parameter count; the position embedding is not counted, the (tied) token embedding is."""
+        n_params = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.transformer.wpe is not None:
+            n_params -= self.transformer.wpe.weight.numel()
+        return n_params
+
+    def forward(self, idx, targets=None):
+        b, t = idx.size()
+        assert t <= self.config.block_size, f"sequence of length {t}, block_size is only {self.config.block_size}"
+        x = self.transformer.wte(idx)  # (b, t, n_embd)
+        if self.transformer.wpe is not None:
+            x = x + self.transformer.wpe(torch.arange(t, dtype=torch.long, device=idx.device))
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        else:  # inference: only the last position is needed
+            logits = self.lm_head(x[:, [-1], :])
+            loss = None
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
+        """Model FLOPs utilisation (PaLM appendix B), for dense attention over the full context."""
+        N, cfg = self.get_num_params(), self.config
+        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
+        flops_per_iter = (6 * N + 12 * L * H * Q * T) * T * fwdbwd_per_iter
+        return flops_per_iter / dt / peak_flops
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Extend idx (b, t) by max_new_tokens, sampling each from the model's distribution."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float('Inf')
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+        return idx
+
+
+def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
+    """AdamW with weight decay on matrices (Linears, embeddings) only; biases, norms and scalars are not decayed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+    use_fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if use_fused else {}))

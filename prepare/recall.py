@@ -1,0 +1,71 @@
+"""
+Multi-query associative recall (MQAR, as in the Zoology benchmark), generated in code.
+
+A sequence lists P key-value pairs, then asks for keys again; after each query key the model must
+produce that key's value. Loss and accuracy count only those answer tokens (other targets are -1).
+Keys are tokens 0..K-1, values K..2K-1. With 4 pairs of 16 keys and length 32:
+
+    k3 v7 k9 v2 k0 v5 k12 v0 | k9 v2 k3 v7 k9 v2 ...      (targets: v2 after k9, v7 after k3, ...)
+
+Solving it needs in-context lookup (an induction head): the answer is wherever the key last appeared,
+which is what attention rules differ on (a window shorter than the context cannot see the pairs).
+
+$ python prepare/recall.py [--num_keys=16 --num_pairs=4 --seq_len=32 --data_dir=data/recall]
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+
+DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'recall')
+
+
+def make_examples(n, num_keys, num_pairs, seq_len, seed):
+    """Return inputs x (n, seq_len) and targets y (n, seq_len), -1 where nothing is asked."""
+    rng = np.random.default_rng(seed)
+    keys = rng.permuted(np.tile(np.arange(num_keys), (n, 1)), axis=1)[:, :num_pairs]  # distinct keys per sequence
+    values = rng.integers(num_keys, 2 * num_keys, size=(n, num_pairs))
+    pairs = np.stack((keys, values), axis=2).reshape(n, -1)                          # k v k v ...
+    region = seq_len + 1 - 2 * num_pairs                                             # query-answer tokens
+    asked = rng.integers(0, num_pairs, size=(n, (region + 1) // 2))                  # which pair each query asks
+    answers = np.stack((np.take_along_axis(keys, asked, 1), np.take_along_axis(values, asked, 1)), axis=2)
+    seq = np.concatenate((pairs, answers.reshape(n, -1)[:, :region]), axis=1)         # (n, seq_len + 1)
+    x, y = seq[:, :-1], seq[:, 1:].copy()
+    is_query = (np.arange(seq_len) >= 2 * num_pairs) & (np.arange(seq_len) % 2 == 0)  # x holds a query key
+    y[:, ~is_query] = -1
+    return x.astype(np.int16), y.astype(np.int16)
+
+
+def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len=32,
+            num_train=100_000, num_val=2_000, seed=0):
+    """Write {train,val}_{x,y}.npy and meta.json; return at once if data_dir holds this exact task already."""
+    if source:
+        raise ValueError("the recall task is generated in code; it takes no --source")
+    if num_pairs > num_keys or 2 * num_pairs >= seq_len:
+        raise ValueError(f"recall needs num_pairs <= num_keys and 2*num_pairs < seq_len, got "
+                         f"num_pairs={num_pairs}, num_keys={num_keys}, seq_len={seq_len}")
+    task = dict(num_keys=num_keys, num_pairs=num_pairs, seq_len=seq_len, num_train=num_train, num_val=num_val, seed=seed)
+    meta_path = os.path.join(data_dir, 'meta.json')
+    if os.path.exists(meta_path) and json.load(open(meta_path)).get('task') == task:
+        return
+    os.makedirs(data_dir, exist_ok=True)
+    for split, n, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1)):
+        for name, arr in zip('xy', make_examples(n, num_keys, num_pairs, seq_len, split_seed)):
+            np.save(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), arr)
+            os.replace(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), os.path.join(data_dir, f'{split}_{name}.npy'))
+    meta = dict(kind='examples', encoding='tokens', vocab_size=2 * num_keys, task=task)
+    with open(meta_path + '.tmp', 'w') as f:
+        json.dump(meta, f)
+    os.replace(meta_path + '.tmp', meta_path)
+
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser(description="multi-query associative recall")
+    for key, default in (('num_keys', 16), ('num_pairs', 4), ('seq_len', 32), ('num_train', 100_000),
+                         ('num_val', 2_000), ('seed', 0)):
+        parser.add_argument(f'--{key}', type=int, default=default)
+    parser.add_argument('--data_dir', default=DEFAULT_DIR)
+    args = vars(parser.parse_args())
+    prepare(args.pop('data_dir'), **args)
+    print(f"recall task {args} -> ok")

@@ -1,0 +1,57 @@
+"""
+Tiny Shakespeare at the character level, as in nanoGPT: 65 characters, 90% train / 10% val, uint16 tokens.
+
+$ python prepare/shakespeare_char.py [--source=path/to/input.txt] [--data_dir=data/shakespeare_char]
+"""
+import argparse
+import json
+import os
+import urllib.request
+
+import numpy as np
+
+URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
+DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'shakespeare_char')
+
+
+def read_text(source):
+    if source:
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"--source={source} does not exist; give the path of tiny-shakespeare's input.txt")
+        return open(source, encoding='utf-8').read()
+    try:
+        with urllib.request.urlopen(URL, timeout=30) as r:
+            return r.read().decode('utf-8')
+    except OSError as e:
+        raise RuntimeError(f"could not download tiny-shakespeare from {URL} ({e}); with no network, pass a local "
+                           f"copy of input.txt: python prepare/shakespeare_char.py --source=PATH "
+                           f"(or --data_source=PATH to train.py)") from e
+
+
+def prepare(data_dir=DEFAULT_DIR, source=None):
+    """Write train.bin, val.bin and meta.json into data_dir; return at once if they are already there."""
+    if os.path.exists(os.path.join(data_dir, 'meta.json')):
+        return
+    text = read_text(source)
+    chars = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    tokens = np.array([stoi[c] for c in text], dtype=np.uint16)
+    n = int(0.9 * len(tokens))
+    os.makedirs(data_dir, exist_ok=True)
+    for split, ids in (('train', tokens[:n]), ('val', tokens[n:])):
+        ids.tofile(os.path.join(data_dir, f'{split}.bin.tmp'))
+        os.replace(os.path.join(data_dir, f'{split}.bin.tmp'), os.path.join(data_dir, f'{split}.bin'))
+    meta = dict(kind='text', encoding='chars', vocab_size=len(chars), itos=chars,
+                tokens=dict(train=n, val=len(tokens) - n), source=source or URL)
+    with open(os.path.join(data_dir, 'meta.json.tmp'), 'w') as f:
+        json.dump(meta, f)
+    os.replace(os.path.join(data_dir, 'meta.json.tmp'), os.path.join(data_dir, 'meta.json'))  # last: marks done
+    print(f"{len(text):,} characters, vocab {len(chars)}: train {n:,} tokens, val {len(tokens) - n:,} -> {data_dir}")
+
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('--source', default=None, help="local input.txt instead of the download")
+    parser.add_argument('--data_dir', default=DEFAULT_DIR)
+    args = parser.parse_args()
+    prepare(args.data_dir, args.source)

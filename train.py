@@ -1,0 +1,383 @@
+"""
+Train a GPT with any attention rule: nanoGPT's train.py, extended.
+
+With no arguments it trains a small GPT on multi-query associative recall, offline, on a CPU, in minutes:
+$ python train.py
+
+A config file, then single overrides:
+$ python train.py config/shakespeare_char.py --device=cpu --compile=False
+
+DDP on one node (NCCL on CUDA, gloo on CPU):
+$ torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
+"""
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, fields
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from attention import AttentionConfig, check_attention_name
+from model import GPT, GPTConfig
+from prepare import check_dataset_name, dataset_kind, prepare_dataset
+
+# -----------------------------------------------------------------------------
+# default config values: a 2-layer GPT learning multi-query associative recall, offline, on a CPU
+# I/O
+out_dir = 'out'
+eval_interval = 100
+log_interval = 10
+eval_iters = 20
+eval_only = False           # evaluate once and exit
+always_save_checkpoint = True  # else only when val loss improves
+init_from = 'scratch'       # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+# data
+dataset = 'recall'          # a name in prepare.DATASETS
+data_dir = ''               # default: data/<dataset>
+data_source = ''            # a local copy of the dataset to prepare from instead of downloading
+gradient_accumulation_steps = 1  # per optimizer step, summed over all processes
+batch_size = 256            # micro-batch size per process
+block_size = 32
+recall_keys = 16            # recall task: key vocabulary, pairs per sequence (sequence length = block_size)
+recall_pairs = 4
+# model
+n_layer = 2
+n_head = 4
+n_embd = 128
+dropout = 0.0
+bias = False
+attention = 'softmax'       # a key of attention.ATTENTION
+flex = False                # flex_attention path on CUDA
+pos_emb = 'learned'         # 'learned' or 'rope'
+mlp_hidden = 0              # 0 means 4 * n_embd
+tie_weights = True
+# AdamW
+learning_rate = 1e-3
+max_iters = 600
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.99
+grad_clip = 1.0             # 0 disables
+# learning rate: linear warm-up, then cosine decay to min_lr
+decay_lr = True
+warmup_iters = 50
+lr_decay_iters = 600
+min_lr = 1e-4
+# system
+device = 'cuda' if torch.cuda.is_available() else 'cpu'  # or 'cpu', 'cuda:1', 'mps'
+dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float32'
+compile = True              # torch.compile the model (CUDA only)
+seed = 1337
+# every attention variant's own keys (window, ...) are config keys too, with the variant's defaults
+globals().update({f.name: f.default for f in fields(AttentionConfig) if f.name not in globals()})
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
+exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+config = {k: globals()[k] for k in config_keys}  # will be useful for logging
+# -----------------------------------------------------------------------------
+
+
+def fail(msg):
+    raise SystemExit(f"error: {msg}")
+
+
+# check what can be checked before any work is done
+try:
+    check_attention_name(attention)
+    check_dataset_name(dataset)
+except ValueError as e:
+    fail(e)
+if dtype not in ('float32', 'bfloat16', 'float16'):
+    fail(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{dtype}'")
+if init_from not in ('scratch', 'resume'):
+    fail(f"init_from must be 'scratch' or 'resume', got '{init_from}'")
+kind = dataset_kind(dataset)
+data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
+
+# DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
+ddp = int(os.environ.get('RANK', -1)) != -1
+if ddp:
+    ddp_rank, ddp_local_rank, ddp_world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+    if device.startswith('cuda'):
+        device = f'cuda:{ddp_local_rank}'
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    if gradient_accumulation_steps % ddp_world_size:
+        fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
+             f"{ddp_world_size} processes")
+else:
+    ddp_rank, ddp_local_rank, ddp_world_size = 0, 0, 1
+master_process = ddp_rank == 0
+local_accum_steps = gradient_accumulation_steps // ddp_world_size
+tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+if master_process:
+    print(f"tokens per iteration will be: {tokens_per_iter:,}")
+    os.makedirs(out_dir, exist_ok=True)
+torch.manual_seed(seed + ddp_rank)  # dropout differs between processes
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
+device_type = 'cuda' if 'cuda' in device else 'cpu'
+if device_type == 'cpu':
+    dtype = 'float32'  # autocast is for CUDA here; CPU runs in float32
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+# -----------------------------------------------------------------------------
+# data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch
+if master_process:
+    try:
+        prepare_dataset(dataset, data_dir, data_source, config)
+    except (OSError, RuntimeError, ValueError) as e:
+        fail(e)
+if ddp:
+    dist.barrier()
+meta = json.load(open(os.path.join(data_dir, 'meta.json')))
+
+
+def split_size(split):
+    """How many distinct batch rows a split offers (start offsets for text, examples otherwise)."""
+    if kind == 'text':
+        return len(np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')) - block_size
+    return len(np.load(os.path.join(data_dir, f'{split}_y.npy'), mmap_mode='r'))
+
+
+def load_batch(split, ix):
+    """Rows ix of a split as (x, y) on the device; y is -1 where there is nothing to predict."""
+    if kind == 'text':
+        # a fresh memmap per batch, as nanoGPT does, avoids a memory leak over long runs
+        data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
+        x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
+    else:
+        rows = np.sort(ix.numpy())  # sorted reads from the memmap; the order within a batch does not matter
+        x = torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_x.npy'), mmap_mode='r')[rows].astype(np.int64))
+        y = torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_y.npy'), mmap_mode='r')[rows].astype(np.int64))
+    if device_type == 'cuda':
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+sizes = {split: split_size(split) for split in ('train', 'val')}
+if min(sizes.values()) < 1:
+    fail(f"{data_dir} holds too little data for block_size={block_size} ({sizes}); delete it to prepare again")
+
+
+def iteration_rows(split, generator, steps):
+    """The rows of one optimizer step for this process: every process draws the same global batch from the
+    same generator and takes its own micro-batches, so N processes see what one process would see."""
+    ix = torch.randint(sizes[split], (ddp_world_size * steps, batch_size), generator=generator)
+    return ix[ddp_rank * steps:(ddp_rank + 1) * steps]
+
+
+train_generator = torch.Generator().manual_seed(seed)  # its state is the data position; checkpointed
+
+# -----------------------------------------------------------------------------
+# model: the seam for a second model kind is build_model
+vocab_size = meta['vocab_size'] if meta['encoding'] != 'gpt2' else 50304  # GPT-2's 50257 padded for speed
+model_args = {f.name: globals()[f.name] for f in fields(GPTConfig) if f.name in globals()}
+model_args['vocab_size'] = vocab_size
+
+
+def build_model(model_args):
+    return GPT(GPTConfig(**model_args))
+
+
+iter_num, best_val_loss, checkpoint = 0, 1e9, None
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+if init_from == 'resume':
+    if not os.path.exists(ckpt_path):
+        fail(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use init_from='scratch'")
+    try:
+        checkpoint = torch.load(ckpt_path, map_location=device, weights_only=True)
+    except Exception as e:
+        fail(f"cannot read checkpoint {ckpt_path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+             f"it is corrupt or not ours: delete it, or point out_dir elsewhere")
+    theirs = checkpoint['model_args']
+    differ = [f"{k}={theirs.get(k)!r} (this run: {v!r})" for k, v in model_args.items() if theirs.get(k) != v]
+    if checkpoint['config'].get('dataset') != dataset:
+        differ.append(f"dataset={checkpoint['config'].get('dataset')!r} (this run: {dataset!r})")
+    if differ:
+        fail(f"checkpoint {ckpt_path} is from another config: {', '.join(differ)}; "
+             f"resume with the settings it was trained with, or use a new out_dir")
+    iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+    print(f"resuming from {ckpt_path} at iteration {iter_num}") if master_process else None
+try:
+    model = build_model(model_args)
+except ValueError as e:
+    fail(e)
+if checkpoint is not None:
+    model.load_state_dict(checkpoint['model'])
+model.to(device)
+raw_model = model  # unwrapped: what is saved and what estimate_mfu asks
+
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+if checkpoint is not None:
+    optimizer.load_state_dict(checkpoint['optimizer'])
+    train_generator.set_state(checkpoint['data_rng'])
+    rng = checkpoint['rng']
+    if len(rng) == ddp_world_size:  # each process continues its own dropout stream
+        torch.set_rng_state(rng[ddp_rank]['cpu'])
+        if device_type == 'cuda' and rng[ddp_rank]['cuda'] is not None:
+            torch.cuda.set_rng_state(rng[ddp_rank]['cuda'])
+checkpoint = None  # free memory
+
+if compile and device_type == 'cuda':
+    print("compiling the model... (takes a ~minute)") if master_process else None
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
+
+
+def all_mean(value):
+    """Mean of a float over all processes."""
+    if not ddp:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item() / ddp_world_size
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss (and accuracy, where the task has one) over eval_iters batches per split. The batches are the
+    same at every evaluation (a fixed generator), so curves compare without sampling noise."""
+    out = {}
+    model.eval()
+    for split in ('train', 'val'):
+        generator = torch.Generator().manual_seed(seed + 1)
+        losses, correct, counted = [], 0, 0
+        for ix in iteration_rows(split, generator, eval_iters):
+            X, Y = load_batch(split, ix)
+            with ctx:
+                logits, loss = model(X, Y)
+            losses.append(loss.item())
+            counted_here = Y != -1
+            correct += (logits.argmax(-1) == Y)[counted_here].sum().item()
+            counted += counted_here.sum().item()
+        out[split] = all_mean(sum(losses) / len(losses))
+        out[split + '_acc'] = all_mean(correct / max(counted, 1))
+    model.train()
+    return out
+
+
+def get_lr(it):
+    if it < warmup_iters:  # linear warm-up
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def rng_state():
+    state = {'cpu': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
+    if not ddp:
+        return [state]
+    states = [None] * ddp_world_size
+    dist.all_gather_object(states, {k: (v.cpu() if v is not None else None) for k, v in state.items()})
+    return states
+
+
+def save_checkpoint():
+    """Write out_dir/ckpt.pt atomically: a temporary file, then a rename, so a crash never leaves half a file."""
+    states = rng_state()  # every process takes part
+    if not master_process:
+        return
+    checkpoint = {
+        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
+        'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config, 'meta': meta,
+        'rng': states, 'data_rng': train_generator.get_state(),
+    }
+    print(f"saving checkpoint to {out_dir}")
+    torch.save(checkpoint, ckpt_path + '.tmp')
+    os.replace(ckpt_path + '.tmp', ckpt_path)
+
+
+def peak_flops():
+    """Dense bf16 peak of this GPU, for MFU; None where unknown (CPU)."""
+    if device_type != 'cuda':
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((f for key, f in (('H200', 989e12), ('H100', 989e12), ('A100', 312e12)) if key in name), None)
+
+
+gpu_peak_flops = peak_flops()
+
+
+# -----------------------------------------------------------------------------
+# training loop
+has_accuracy = kind != 'text'
+start_iter = iter_num
+t0 = time.time()
+running_mfu = -1.0
+progress = tqdm(total=max_iters, initial=iter_num, unit='it', dynamic_ncols=True,
+                disable=None if master_process else True)  # the bar shows only on a terminal
+log = tqdm.write
+while True:
+    lr = get_lr(iter_num) if decay_lr else learning_rate
+    for param_group in optimizer.param_groups:
+        param_group['lr'] = lr
+
+    # evaluate the loss on train/val sets and write checkpoints; the last iteration is always evaluated
+    if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
+        losses = estimate_loss()
+        if master_process:
+            acc = f", val acc {losses['val_acc']:.4f}" if has_accuracy else ''
+            log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{acc}")
+        if not math.isfinite(losses['val']):
+            fail(f"val loss is {losses['val']} at iteration {iter_num}; the last good checkpoint is kept in "
+                 f"{ckpt_path}; lower learning_rate or check the data")
+        if losses['val'] < best_val_loss or always_save_checkpoint:
+            best_val_loss = min(best_val_loss, losses['val'])
+            if iter_num > start_iter:
+                save_checkpoint()
+    if eval_only:
+        break
+
+    # forward backward update, with gradient accumulation; gradients are all-reduced on the last micro-step only
+    for micro_step, ix in enumerate(iteration_rows('train', train_generator, local_accum_steps)):
+        X, Y = load_batch('train', ix)
+        sync = ddp and micro_step == local_accum_steps - 1
+        with (model.no_sync() if ddp and not sync else nullcontext()), ctx:
+            logits, loss = model(X, Y)
+            loss = loss / local_accum_steps  # scale the loss to account for gradient accumulation
+        scaler.scale(loss).backward()
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+    # timing and logging
+    t1 = time.time()
+    dt = t1 - t0
+    t0 = t1
+    if iter_num % log_interval == 0:
+        lossf = loss.item() * local_accum_steps  # a CPU-GPU sync point; the last micro-step's loss
+        if not math.isfinite(lossf):
+            fail(f"loss is {lossf} at iteration {iter_num}; stopped, the last good checkpoint is kept in "
+                 f"{ckpt_path}; lower learning_rate, or raise warmup_iters or grad_clip")
+        if master_process:
+            extra = f", {tokens_per_iter / dt:,.0f} tok/s"
+            if gpu_peak_flops and iter_num >= start_iter + 5:  # let the training loop settle a bit
+                mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, gpu_peak_flops)
+                running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+                extra += f", mfu {running_mfu * 100:.2f}%"
+            log(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms{extra}")
+    iter_num += 1
+    progress.update(1)
+    if iter_num > max_iters:
+        break
+
+progress.close()
+if ddp:
+    dist.destroy_process_group()
