@@ -1,0 +1,95 @@
+"""
+CIFAR-10 / CIFAR-100 -> uint8 arrays for the image batcher in train.py.
+Writes to data_dir: train_x.npy (N, 32, 32, 3) uint8, train_y.npy (N,) int64, val_x.npy, val_y.npy (val = the
+official test split) and meta.json. Source: the Hugging Face Hub (uoft-cs/cifar10, uoft-cs/cifar100) or a local
+folder with train.parquet and test.parquet in the same schema (columns img + label, or img + fine_label/coarse_label).
+    python prepare/cifar.py --dataset=cifar100 --source=/path/to/parquet_dir
+"""
+import argparse
+import io
+import json
+import os
+from pathlib import Path
+
+import datasets
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+DATASETS = {'cifar10': 'uoft-cs/cifar10', 'cifar100': 'uoft-cs/cifar100'}  # name -> Hub id
+NUM_CLASSES = {'label': 10, 'fine_label': 100, 'coarse_label': 20}  # used when the parquet carries no class names
+SPLITS = {'train': 'train', 'val': 'test'}  # our name -> split name in the source
+
+def expected_format(dataset, label_col):
+    return (f"a folder with train.parquet and test.parquet in the {DATASETS[dataset]} schema: "
+            f"column 'img' (image bytes, 32x32) and column '{label_col}' (int class index)")
+
+def load(dataset, source, label_col):
+    # both paths end in the same DatasetDict with splits 'train' and 'test', so everything after is shared
+    if source is None:
+        try:
+            return datasets.load_dataset(DATASETS[dataset])
+        except OSError as e:  # ConnectionError and the Hub's not-found errors are OSErrors
+            raise RuntimeError(f"could not load {dataset} from the Hugging Face Hub ({e}). Offline? Pass "
+                               f"--source=DIR, {expected_format(dataset, label_col)}") from e
+    files = {split: Path(source) / f'{split}.parquet' for split in SPLITS.values()}
+    missing = [str(f) for f in files.values() if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"missing {', '.join(missing)}; --source must be {expected_format(dataset, label_col)}")
+    return datasets.load_dataset('parquet', data_files={split: str(f) for split, f in files.items()})
+
+def decode(split, label_col, desc):
+    split = split.cast_column('img', datasets.Image(decode=False))  # decode ourselves: faster, and we check sizes
+    x = np.empty((len(split), 32, 32, 3), dtype=np.uint8)
+    images = (img for batch in split.iter(batch_size=1000) for img in batch['img'])  # streams, never all in memory
+    for i, img in enumerate(tqdm(images, total=len(split), desc=desc)):
+        im = Image.open(io.BytesIO(img['bytes']) if img['bytes'] else img['path']).convert('RGB')
+        if im.size != (32, 32):
+            raise ValueError(f'{desc}: image {i} is {im.size[0]}x{im.size[1]}, expected 32x32')
+        x[i] = np.asarray(im)
+    return x, np.asarray(split[label_col], dtype=np.int64)
+
+def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
+    # check everything cheap first, so a bad call fails before any decoding or writing
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    if label not in ('fine', 'coarse') or (dataset == 'cifar10' and label != 'fine'):
+        raise ValueError(f"label={label!r}: 'fine' or 'coarse' for cifar100, 'fine' for cifar10")
+    label_col = 'label' if dataset == 'cifar10' else f'{label}_label'
+    data_dir = Path(data_dir) if data_dir else Path(__file__).resolve().parents[1] / 'data' / dataset
+    ds = load(dataset, source, label_col)
+    for split in SPLITS.values():
+        if missing := {'img', label_col} - set(ds[split].column_names):
+            raise ValueError(f"{split} split has no column(s) {sorted(missing)} (has {ds[split].column_names}); "
+                             f"expected {expected_format(dataset, label_col)}")
+    feature = ds['train'].features[label_col]
+    classes = list(feature.names) if isinstance(feature, datasets.ClassLabel) else []
+    num_classes = len(classes) or NUM_CLASSES[label_col]
+    arrays, counts = {}, {}
+    for name, split in SPLITS.items():
+        x, y = decode(ds[split], label_col, desc=f'{dataset} {split}')
+        if len(y) and (y.min() < 0 or y.max() >= num_classes):
+            raise ValueError(f'{split} labels span [{y.min()}, {y.max()}], expected [0, {num_classes})')
+        arrays[f'{name}_x'], arrays[f'{name}_y'], counts[name] = x, y, len(y)
+    meta = {'kind': 'image', 'dataset': dataset, 'num_classes': num_classes, 'classes': classes, 'counts': counts,
+            'source': str(source) if source else DATASETS[dataset], 'label': label_col}
+    # write everything under temporary names, then rename: meta.json appears last, only when all arrays are there
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for name, arr in arrays.items():
+        with open(data_dir / f'{name}.npy.tmp', 'wb') as f:
+            np.save(f, arr)
+    (data_dir / 'meta.json.tmp').write_text(json.dumps(meta, indent=1))
+    for name in [*arrays, 'meta']:
+        ext = 'json' if name == 'meta' else 'npy'
+        os.replace(data_dir / f'{name}.{ext}.tmp', data_dir / f'{name}.{ext}')
+    return meta
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--dataset', default='cifar10', choices=sorted(DATASETS))
+    parser.add_argument('--source', default=None, help='local folder with train.parquet and test.parquet')
+    parser.add_argument('--data_dir', default=None, help='output folder (default: data/<dataset> in the repo)')
+    parser.add_argument('--label', default='fine', choices=['fine', 'coarse'], help='CIFAR-100 label set')
+    args = parser.parse_args()
+    meta = prepare(args.data_dir, args.dataset, args.source, args.label)
+    print(f"{meta['dataset']}: {meta['counts']} images, {meta['num_classes']} classes, from {meta['source']}")
