@@ -13,6 +13,7 @@ torch.nn.attention.flex_attention and is used when `config.flex` is set and x is
 The shared pieces (heads, RoPE, masks, the banded layout, cached BlockMasks) come first.
 """
 import math
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -165,6 +166,10 @@ def run_flex(q, k, v, **kwargs):
     """flex_attention, compiled on CUDA (eager flex is a slow reference there); eager on CPU, forward only."""
     fn = compiled_flex_attention() if q.is_cuda else flex_attention
     return fn(q, k, v, **kwargs)
+
+
+# eager flex on CPU is our forward-only check against the math path; its "not compiled" warning is expected there
+warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
 
 
 @lru_cache(maxsize=1)

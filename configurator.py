@@ -48,9 +48,10 @@ for _arg in __import__('sys').argv[1:]:
         if '=' not in _arg:
             _config_error(f"'{_arg}' has no value; write --key=value")
         _key, _val = _arg[2:].split('=', 1)
-        try:
-            _val = _literal_eval(_val)  # numbers, booleans, None, quoted strings
-        except (SyntaxError, ValueError):
-            pass                        # anything else is a plain string
+        if not isinstance(_keys.get(_key), str) or _val[:1] in '\'"':  # a str key takes the text as it is
+            try:
+                _val = _literal_eval(_val)  # numbers, booleans, None, quoted strings
+            except (SyntaxError, ValueError):
+                pass                        # anything else is a plain string
         globals()[_key] = _keys[_key] = _checked(_key, _val, f"--{_key}")
         print(f"Overriding: {_key} = {_val}")

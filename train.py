@@ -235,34 +235,34 @@ if ddp:
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 
 
-def all_mean(value):
-    """Mean of a float over all processes."""
+def all_sum(*values):
+    """Sums of floats over all processes."""
     if not ddp:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return t.item() / ddp_world_size
+    return t.tolist()
 
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss (and accuracy, where the task has one) over eval_iters batches per split. The batches are the
-    same at every evaluation (a fixed generator), so curves compare without sampling noise."""
+    """Mean loss (and accuracy, where the task has one) over eval_iters batches per split, shared out among the
+    processes. The batches are the same at every evaluation (a fixed generator): curves compare without noise."""
     out = {}
     model.eval()
     for split in ('train', 'val'):
-        generator = torch.Generator().manual_seed(seed + 1)
-        losses, correct, counted = [], 0, 0
-        for ix in iteration_rows(split, generator, eval_iters):
+        rows = torch.randint(sizes[split], (eval_iters, batch_size), generator=torch.Generator().manual_seed(seed + 1))
+        loss_sum, correct, counted = 0.0, 0, 0
+        for ix in rows[ddp_rank::ddp_world_size]:
             X, Y = load_batch(split, ix)
             with ctx:
                 logits, loss = model(X, Y)
-            losses.append(loss.item())
-            counted_here = Y != -1
-            correct += (logits.argmax(-1) == Y)[counted_here].sum().item()
-            counted += counted_here.sum().item()
-        out[split] = all_mean(sum(losses) / len(losses))
-        out[split + '_acc'] = all_mean(correct / max(counted, 1))
+            loss_sum += loss.item()
+            answered = Y != -1
+            correct += (logits.argmax(-1) == Y)[answered].sum().item()
+            counted += answered.sum().item()
+        loss_sum, correct, counted = all_sum(loss_sum, correct, counted)
+        out[split], out[split + '_acc'] = loss_sum / eval_iters, correct / max(counted, 1)
     model.train()
     return out
 

@@ -1,0 +1,170 @@
+"""
+Attention speed and memory. For each sequence length: forward+backward time and peak memory of one
+attention rule (`attend`, the part that differs between variants, on q/k/v of shape (batch, n_head, T, D)),
+beside causal softmax SDPA measured in the same run (`vs_softmax` = ms / softmax ms).
+
+$ python bench.py --attention=softmax --window=256 --seq_lens=2048,8192
+$ python bench.py --attention=krause --krause_window=256 --krause_topk=192 --seq_lens=8192 --dense=True --json=True
+
+Every attention config key (attention.AttentionConfig) is a flag. --flex=True times the flex_attention path
+(forward only on CPU, where flex has no backward); --dense=True also times a variant's dense O(T²) form
+(`attend_dense`) where it has one. --mode=model times a whole GPT train step (tokens/s) instead.
+Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's resident set (Linux only).
+"""
+import ctypes
+import json
+import os
+import sys
+import time
+from dataclasses import fields
+
+import torch
+
+from attention import AttentionConfig, build_attention
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+mode = 'attention'          # 'attention' (the rule alone) or 'model' (a whole GPT train step)
+seq_lens = '1024,4096,8192'
+batch = 1
+n_head = 8
+n_embd = 512                # 8 heads x 64 dims
+n_layer = 12                # model mode
+dense = False               # also time the variant's dense reference form, where it has one
+backward = True             # forward+backward; flex on CPU is always forward only
+repeats = 5
+device = 'cuda' if torch.cuda.is_available() else 'cpu'
+dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'
+compile = False             # model mode: torch.compile the model (CUDA)
+json_out = False
+seed = 1337
+globals().update({f.name: f.default for f in fields(AttentionConfig) if f.name not in globals()})
+sys.argv = [a.replace('--json=', '--json_out=') for a in sys.argv]  # --json=True reads better
+exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+# -----------------------------------------------------------------------------
+torch.manual_seed(seed)
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+is_cuda = device.startswith('cuda')
+
+
+def attention_config(**overrides):
+    cfg = {f.name: globals()[f.name] for f in fields(AttentionConfig)}
+    return AttentionConfig(**{**cfg, **overrides})
+
+
+class PeakMemory:
+    """Peak memory above the level at entry, in MiB: the CUDA allocator's peak, or the CPU resident set's."""
+
+    def __enter__(self):
+        if is_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+        else:
+            open('/proc/self/clear_refs', 'w').write('5')  # reset the resident-set high-water mark
+            self.start = self.status('VmRSS')
+        return self
+
+    def __exit__(self, *exc):
+        if is_cuda:
+            torch.cuda.synchronize()
+            self.mib = (torch.cuda.max_memory_allocated() - self.start) / 2**20
+        else:
+            self.mib = (self.status('VmHWM') - self.start) / 2**20
+
+    @staticmethod
+    def status(field):  # bytes
+        return next(int(line.split()[1]) * 1024 for line in open('/proc/self/status') if line.startswith(field))
+
+
+if not is_cuda:
+    # large blocks go straight back to the OS when freed, so each case's peak starts from a clean level
+    ctypes.CDLL('libc.so.6').mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
+
+
+def timed(fn, warmup=1):
+    """Median milliseconds of fn() over `repeats` runs, and the peak memory of one run."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        with PeakMemory() as mem:
+            if is_cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if is_cuda:
+                torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1000)
+    return sorted(times)[len(times) // 2], mem.mib
+
+
+def attention_case(module, attend, T):
+    """A closure running attend forward (and backward) on fresh random per-head tensors from module.project."""
+    run_backward = backward and not (attend == module.attend_flex and not is_cuda)
+    with torch.no_grad():
+        x = torch.randn(batch, T, n_embd, device=device, dtype=ptdtype)
+        inputs = [t.detach().contiguous().requires_grad_(run_backward) for t in module.project(x)]
+    grad = None
+
+    def step():
+        nonlocal grad
+        with torch.set_grad_enabled(run_backward):
+            y = attend(*inputs)
+            if run_backward:
+                grad = torch.randn_like(y) if grad is None else grad
+                y.backward(grad)
+                for t in inputs:
+                    t.grad = None
+    return step
+
+
+def report(row):
+    if json_out:
+        print(json.dumps(row))
+    else:
+        extra = f"  x{row['vs_softmax']:.3f} softmax" if row.get('vs_softmax') is not None else ''
+        print(f"{row['attention']:>10s} {row['path']:>6s} T={row['T']:<6d} {row['ms']:9.2f} ms "
+              f"{row['peak_mib']:9.1f} MiB{extra}")
+
+
+def bench_attention():
+    for T in [int(s) for s in str(seq_lens).split(',')]:
+        baseline = build_attention(attention_config(attention='softmax', window=0, flex=False, causal=True,
+                                                    block_size=T), 0).to(device, ptdtype)
+        base_ms, base_mib = timed(attention_case(baseline, baseline.attend, T))
+        report(dict(attention='softmax', path='sdpa', T=T, ms=base_ms, peak_mib=base_mib, vs_softmax=1.0,
+                    device=device))
+        module = build_attention(attention_config(block_size=T), 0).to(device, ptdtype)
+        paths = [('flex' if flex else 'math', module.attend_flex if flex else module.attend)]
+        if dense and hasattr(module, 'attend_dense'):
+            paths.append(('dense', module.attend_dense))
+        for path, attend in paths:
+            ms, mib = timed(attention_case(module, attend, T))
+            report(dict(attention=attention, path=path, T=T, ms=ms, peak_mib=mib, vs_softmax=ms / base_ms,
+                        device=device, backward=backward and (path != 'flex' or is_cuda)))
+
+
+def bench_model():
+    for T in [int(s) for s in str(seq_lens).split(',')]:
+        cfg = {f.name: globals()[f.name] for f in fields(GPTConfig) if f.name in globals()}
+        model = GPT(GPTConfig(**{**cfg, 'block_size': T, 'vocab_size': 50304})).to(device)
+        optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if is_cuda else 'cpu')
+        step_model = torch.compile(model) if compile and is_cuda else model
+        ctx = torch.amp.autocast('cuda', dtype=ptdtype) if is_cuda else torch.autocast('cpu', enabled=False)
+        idx = torch.randint(50257, (batch, T + 1), device=device)
+
+        def step():
+            with ctx:
+                _, loss = step_model(idx[:, :-1], idx[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        ms, mib = timed(step, warmup=2)
+        report(dict(attention=attention, path='model', T=T, ms=ms, peak_mib=mib, vs_softmax=None, device=device,
+                    tokens_per_s=batch * T / ms * 1000))
+
+
+if mode not in ('attention', 'model'):
+    raise SystemExit(f"error: mode must be 'attention' or 'model', got '{mode}'")
+bench_attention() if mode == 'attention' else bench_model()

@@ -1,0 +1,31 @@
+"""Shared test helpers: the repo on sys.path, the offline data samples (skipped with a reason where absent),
+and running train.py as a user would."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / 'shared' / 'data'
+sys.path.insert(0, str(ROOT))
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"offline data samples not found at {SHARED}")
+if (SHARED / 'tiktoken_cache').is_dir():
+    os.environ.setdefault('TIKTOKEN_CACHE_DIR', str(SHARED / 'tiktoken_cache'))
+
+
+def run_script(*args, launcher=(sys.executable,), check=True, timeout=600):
+    """Run a repo script in a subprocess on one CPU thread; return its combined output."""
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    proc = subprocess.run([*launcher, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout + proc.stderr
+
+
+def iter_losses(log):
+    """{iteration: loss} from train.py's `iter {n}: loss {x}` lines."""
+    return {int(n): float(x) for n, x in re.findall(r"^iter (\d+): loss ([\d.naninf]+)", log, re.M)}

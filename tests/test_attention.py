@@ -1,0 +1,117 @@
+"""Softmax attention and the shared helpers against references written from the formulas."""
+import math
+
+import pytest
+import torch
+
+from attention import (ATTENTION, AttentionConfig, Rotary, band_keys, band_mask, band_queries, build_attention,
+                       unband)
+from model import GPT, GPTConfig
+
+
+def softmax_reference(q, k, v, causal, window=0):
+    """y_i = sum_j softmax_j(q_i.k_j / sqrt(D)) v_j over the visible j, one pair at a time."""
+    B, H, T, D = q.shape
+    y = torch.zeros_like(v)
+    for i in range(T):
+        visible = [j for j in range(T) if (not causal or j <= i) and (not window or i - j < window)]
+        scores = torch.stack([(q[:, :, i] * k[:, :, j]).sum(-1) / math.sqrt(D) for j in visible], -1)
+        weights = scores.softmax(-1)
+        y[:, :, i] = sum(weights[..., n, None] * v[:, :, j] for n, j in enumerate(visible))
+    return y
+
+
+def make(T=16, **kw):
+    cfg = AttentionConfig(**{**dict(n_embd=32, n_head=4, block_size=T), **kw})
+    return build_attention(cfg, 0).double()
+
+
+def qkv(T, B=2, H=4, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+
+
+@pytest.mark.parametrize('T,window,causal', [(13, 0, True), (13, 0, False), (13, 4, True), (16, 4, True),
+                                             (5, 8, True), (17, 1, True)])
+def test_softmax_matches_reference(T, window, causal):
+    attn = make(T, window=window, causal=causal)
+    q, k, v = qkv(T)
+    y = attn.attend(q, k, v)
+    ref = softmax_reference(q, k, v, causal, window)
+    torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (q, k, v), g)
+    grads_ref = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_band_layout_is_linear_in_T():
+    # the band holds 2W keys per chunk of W queries: 2T keys in all, never T*T
+    T, W = 1000, 16
+    x = torch.randn(1, 1, T, 4)
+    assert band_keys(x, W).shape == (1, 1, math.ceil(T / W), 2 * W, 4)
+    assert band_queries(x, W).shape == (1, 1, math.ceil(T / W), W, 4)
+    assert band_mask(T, W, W, torch.device('cpu')).shape == (math.ceil(T / W), W, 2 * W)
+    torch.testing.assert_close(unband(band_queries(x, W), T), x)
+    # band slot s of chunk c is key c*W - W + s
+    keys = torch.arange(T, dtype=torch.float32).view(1, 1, T, 1)
+    c, s = 5, 3
+    assert band_keys(keys, W)[0, 0, c, s, 0].item() == c * W - W + s
+
+
+def test_band_mask_is_exactly_the_window():
+    T, W = 23, 5
+    mask = band_mask(T, W, W, torch.device('cpu'))
+    for c in range(mask.size(0)):
+        for r in range(W):
+            for s in range(2 * W):
+                i, j = c * W + r, c * W - W + s
+                assert mask[c, r, s].item() == (0 <= j <= i and i - j < W)
+
+
+def test_rope_preserves_norm_and_depends_on_offsets_only():
+    rope = Rotary(8, 32).double()
+    q = torch.randn(1, 1, 1, 8, dtype=torch.float64).expand(1, 1, 32, 8)
+    k = torch.randn(1, 1, 1, 8, dtype=torch.float64).expand(1, 1, 32, 8)
+    rq, rk = rope(q), rope(k)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    dots = (rq[0, 0, :, None] * rk[0, 0, None, :]).sum(-1)  # (32, 32): position i against position j
+    torch.testing.assert_close(dots[10, 7], dots[25, 22])   # same offset 3, same score
+    assert not torch.allclose(dots[10, 7], dots[10, 9])
+
+
+@pytest.mark.parametrize('window,causal', [(0, True), (0, False), (8, True), (5, True)])
+def test_flex_forward_equals_math(window, causal):
+    T = 200  # not a multiple of the flex block size (128)
+    attn = make(T, window=window, causal=causal).float()
+    q, k, v = (t.detach().float() for t in qkv(T))
+    with torch.no_grad():
+        torch.testing.assert_close(attn.attend_flex(q, k, v), attn.attend(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(window=4), dict(pos_emb='rope'), dict(window=4, pos_emb='rope')])
+def test_gpt_is_causal(kw):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=24, vocab_size=11, **kw)).eval()
+    idx = torch.randint(0, 11, (2, 24))
+    changed = idx.clone()
+    changed[:, 15:] = (changed[:, 15:] + 1) % 11
+    with torch.no_grad():
+        a, _ = model(idx, idx)
+        b, _ = model(changed, changed)
+    assert torch.equal(a[:, :15], b[:, :15])
+    assert not torch.equal(a[:, 15:], b[:, 15:])
+
+
+def test_unknown_attention_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown attention 'nope'; valid: .*softmax"):
+        make(attention='nope')
+    assert 'softmax' in ATTENTION
+
+
+def test_bad_window():
+    with pytest.raises(ValueError, match='window'):
+        make(window=-1)
+    with pytest.raises(ValueError, match='causal'):
+        make(window=4, causal=False)

@@ -1,0 +1,67 @@
+"""prepare/shakespeare_char.py and prepare/recall.py on local data; sample.py on a fresh checkpoint."""
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import SHARED, needs_shared, run_script
+from prepare import recall, shakespeare_char
+
+
+@needs_shared
+def test_shakespeare_char_matches_nanogpt(tmp_path):
+    shakespeare_char.prepare(tmp_path, source=SHARED / 'tinyshakespeare' / 'input.txt')
+    meta = json.load(open(tmp_path / 'meta.json'))
+    train = np.fromfile(tmp_path / 'train.bin', dtype=np.uint16)
+    val = np.fromfile(tmp_path / 'val.bin', dtype=np.uint16)
+    # nanoGPT's data/shakespeare_char/prepare.py prints these three numbers
+    assert (meta['vocab_size'], len(train), len(val)) == (65, 1_003_854, 111_540)
+    text = (SHARED / 'tinyshakespeare' / 'input.txt').read_text()
+    assert ''.join(meta['itos'][i] for i in train[:100]) == text[:100]
+    assert not list(tmp_path.glob('*.tmp'))
+
+
+def test_shakespeare_char_offline_says_how_to_pass_source(tmp_path, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise OSError('network is unreachable')
+    monkeypatch.setattr(urllib.request, 'urlopen', no_network)
+    with pytest.raises(RuntimeError, match='--source=PATH'):
+        shakespeare_char.prepare(tmp_path / 'data')
+    assert not (tmp_path / 'data').exists()  # nothing half-made
+
+
+def test_recall_answers_are_the_paired_values():
+    x, y = recall.make_examples(500, num_keys=16, num_pairs=4, seq_len=32, seed=3)
+    assert x.shape == y.shape == (500, 32)
+    assert (y != -1).sum(1).tolist() == [12] * 500  # one answer after every query key
+    for xs, ys in zip(x, y):
+        pairs = dict(zip(xs[0:8:2].tolist(), xs[1:8:2].tolist()))
+        assert len(pairs) == 4 and all(k < 16 <= v < 32 for k, v in pairs.items())
+        for t in np.flatnonzero(ys != -1):
+            assert ys[t] == pairs[xs[t]]
+            if t + 1 < 32:
+                assert xs[t + 1] == ys[t]  # the answer is the next input token
+
+
+def test_recall_prepare_is_idempotent_and_regenerates_on_a_new_task(tmp_path):
+    recall.prepare(tmp_path, num_train=100, num_val=10)
+    first = (tmp_path / 'train_x.npy').stat().st_mtime_ns
+    recall.prepare(tmp_path, num_train=100, num_val=10)
+    assert (tmp_path / 'train_x.npy').stat().st_mtime_ns == first
+    recall.prepare(tmp_path, num_train=100, num_val=10, num_pairs=3)
+    assert json.load(open(tmp_path / 'meta.json'))['task']['num_pairs'] == 3
+    with pytest.raises(ValueError, match='num_pairs'):
+        recall.prepare(tmp_path, num_pairs=20)
+
+
+def test_sample_from_a_checkpoint(tmp_path):
+    data = tmp_path / 'data'
+    run_script('train.py', f'--data_dir={data}', f'--out_dir={tmp_path}', '--max_iters=2', '--eval_interval=2',
+               '--eval_iters=1', '--batch_size=8', '--n_layer=1', '--device=cpu')
+    out = run_script('sample.py', f'--out_dir={tmp_path}', '--start=1 17 2 20', '--num_samples=2',
+                     '--max_new_tokens=5', '--device=cpu')
+    samples = [line.split() for line in out.splitlines() if line.startswith('1 17 2 20')]
+    assert len(samples) == 2 and all(len(s) == 9 and all(0 <= int(t) < 32 for t in s) for s in samples)
+    log = run_script('sample.py', f'--out_dir={tmp_path / "missing"}', check=False)
+    assert 'no checkpoint at' in log and 'Traceback' not in log

@@ -1,0 +1,104 @@
+"""train.py end to end, as a user runs it: learning, exact resume, DDP equivalence, and clear errors."""
+import re
+
+import pytest
+import torch
+
+from conftest import iter_losses, run_script
+
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--batch_size=16', '--eval_iters=2', '--log_interval=1',
+        '--warmup_iters=2', '--compile=False', '--device=cpu']
+
+
+def eval_lines(log):
+    return re.findall(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", log, re.M)
+
+
+@pytest.fixture(scope='module')
+def recall_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp('recall')
+
+
+@pytest.fixture(scope='module')
+def text_dir(tmp_path_factory):
+    """A small character-level corpus prepared through prepare/shakespeare_char.py's --source path."""
+    folder = tmp_path_factory.mktemp('chars')
+    source = folder / 'input.txt'
+    source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    return folder / 'data', source
+
+
+def test_recall_loss_goes_down(recall_dir, tmp_path):
+    log = run_script('train.py', *TINY, f'--data_dir={recall_dir}', f'--out_dir={tmp_path}', '--max_iters=30',
+                     '--eval_interval=30', '--learning_rate=3e-3')
+    losses = iter_losses(log)
+    assert losses[0] > 3.0                    # about ln(32): chance over the 32 tokens
+    assert losses[30] < losses[0] - 0.5
+    assert re.search(r"^step 30: .* val acc [\d.]+$", log, re.M)   # the task has an accuracy, the last step is evaluated
+    assert (tmp_path / 'ckpt.pt').exists()
+
+
+@pytest.mark.parametrize('kind', ['recall', 'text'])
+def test_resume_continues_exactly(kind, recall_dir, text_dir, tmp_path):
+    if kind == 'recall':
+        data = [f'--data_dir={recall_dir}']
+    else:
+        data = ['--dataset=shakespeare_char', f'--data_dir={text_dir[0]}', f'--data_source={text_dir[1]}',
+                '--block_size=16']
+    common = [*TINY, *data, '--dropout=0.1', '--eval_interval=5', '--max_iters=12', '--lr_decay_iters=12']
+    straight = iter_losses(run_script('train.py', *common, f'--out_dir={tmp_path / "a"}'))
+    run_script('train.py', *common, f'--out_dir={tmp_path / "b"}', '--max_iters=6')
+    resumed = iter_losses(run_script('train.py', *common, f'--out_dir={tmp_path / "b"}', '--init_from=resume'))
+    assert min(resumed) == 6 and max(resumed) == 12
+    assert {i: straight[i] for i in resumed} == resumed
+
+
+def test_ddp_two_processes_equal_one(recall_dir, tmp_path):
+    common = [*TINY, f'--data_dir={recall_dir}', '--max_iters=6', '--eval_interval=6', '--eval_iters=4',
+              '--gradient_accumulation_steps=2', '--learning_rate=3e-3']
+    one = run_script('train.py', *common, f'--out_dir={tmp_path / "one"}')
+    two = run_script('train.py', *common, f'--out_dir={tmp_path / "two"}',
+                     launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+    a, b = eval_lines(one), eval_lines(two)
+    assert [n for n, *_ in a] == ['0', '6'] and [n for n, *_ in b] == ['0', '6']
+    for (_, *x), (_, *y) in zip(a, b):
+        assert [float(v) for v in x] == pytest.approx([float(v) for v in y], abs=2e-4)
+    assert float(a[1][2]) < float(a[0][2]) - 0.1  # it trained
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--nope=1'], "config error: unknown key 'nope'"),
+    (['--n_layr=1'], "did you mean 'n_layer'"),
+    (['--batch_size=abc'], "batch_size expects int"),
+    (['--attention=nope'], "unknown attention 'nope'; valid: .*softmax"),
+    (['--dataset=nope'], "unknown dataset 'nope'; valid:"),
+    (['config/does_not_exist.py'], "cannot read config file"),
+])
+def test_bad_config_is_one_clear_line(args, message, tmp_path):
+    log = run_script('train.py', *args, f'--out_dir={tmp_path}', check=False)
+    assert re.search(message, log), log[-2000:]
+    assert 'Traceback' not in log
+
+
+def test_bad_checkpoints(recall_dir, tmp_path):
+    common = [*TINY, f'--data_dir={recall_dir}', f'--out_dir={tmp_path}', '--max_iters=2', '--eval_interval=2']
+    log = run_script('train.py', *common, '--init_from=resume', check=False)
+    assert 'no checkpoint at' in log and 'Traceback' not in log
+    run_script('train.py', *common)
+    log = run_script('train.py', *common, '--init_from=resume', '--n_embd=64', '--max_iters=4', check=False)
+    assert 'is from another config: n_embd=32 (this run: 64)' in log and 'Traceback' not in log
+    (tmp_path / 'ckpt.pt').write_bytes(b'not a checkpoint')
+    log = run_script('train.py', *common, '--init_from=resume', check=False)
+    assert 'cannot read checkpoint' in log and 'Traceback' not in log
+
+
+def test_divergence_stops_and_keeps_the_last_good_checkpoint(recall_dir, tmp_path):
+    common = [*TINY, f'--data_dir={recall_dir}', f'--out_dir={tmp_path}', '--eval_interval=4']
+    run_script('train.py', *common, '--max_iters=4')
+    good = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    log = run_script('train.py', *common, '--init_from=resume', '--max_iters=40', '--learning_rate=1e12',
+                     '--warmup_iters=0', '--decay_lr=False', '--grad_clip=0.0', check=False)
+    assert re.search(r"(val )?loss is (nan|inf)", log), log[-2000:]
+    kept = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    assert kept['iter_num'] == good['iter_num']
+    assert all(torch.isfinite(p).all() for p in kept['model'].values())
