@@ -27,8 +27,8 @@ SOURCE_HELP = ("a parquet or jsonl file (or a folder of them) with a `text` colu
                "or a txt file whose documents are separated by blank lines")
 
 
-def local_dataset(source):
-    """A local file or folder as a streaming datasets table, read by the same loaders the hub uses."""
+def local_files(source):
+    """(datasets loader, files) for a local file or a folder of files; ValueError if it is not a format we read."""
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"--source={source} does not exist")
@@ -36,16 +36,17 @@ def local_dataset(source):
     kinds = {FORMATS.get(p.suffix) for p in files}
     if len(kinds) != 1 or None in kinds:
         raise ValueError(f"--source={source} is not a supported format: expected {SOURCE_HELP}")
-    kind = kinds.pop()
-    options = {"sample_by": "paragraph"} if kind == "text" else {}  # txt: one document per blank-line-separated block
-    return load_dataset(kind, data_files=[str(p) for p in files], split="train", streaming=True, **options)
+    return kinds.pop(), [str(p) for p in files]
 
 
 def open_dataset(source, load_hub, name):
     """(dataset, label): a local --source if given, else load_hub(); checked for a `text` column before any work."""
     if source is not None:
-        dataset, label = local_dataset(source), str(Path(source).resolve())
-        try:
+        kind, files = local_files(source)
+        label = str(Path(source).resolve())
+        options = {"sample_by": "paragraph"} if kind == "text" else {}  # txt: a document per blank-line-separated block
+        try:  # the loaders the hub uses too, so a local copy and the hub take one code path
+            dataset = load_dataset(kind, data_files=files, split="train", streaming=True, **options)
             first = next(iter(dataset), None)
         except Exception as e:  # a file that is not what its suffix says
             raise ValueError(f"could not read --source={source} ({e}): expected {SOURCE_HELP}") from e
@@ -95,7 +96,7 @@ def open_tokens(data_dir, split, n_tokens):
     if final.exists():
         os.replace(final, tmp)  # while we write, nothing half-written sits under the final name
     if n_tokens and (not tmp.exists() or tmp.stat().st_size < 2 * n_tokens):
-        raise RuntimeError(f"{final} holds fewer tokens than {data_dir}/meta.json says: delete {data_dir}, prepare again")
+        raise RuntimeError(f"{final} holds fewer tokens than meta.json says: delete {data_dir} and prepare again")
     f = open(tmp, "r+b" if tmp.exists() else "wb")
     f.truncate(2 * n_tokens)  # drop whatever a killed run wrote after its last record
     f.seek(2 * n_tokens)
@@ -135,24 +136,28 @@ def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_
     docs = tokenized(texts, num_proc or max(1, os.cpu_count() // 2), chunk_docs)
     progress = tqdm(total=max_tokens, initial=total, unit="tok", unit_scale=True, desc=f"tokenizing {data_dir.name}")
     committed = total
-    for tokens in docs:
-        split = "val" if doc_index % val_every == 0 else "train"
-        files[split].write(tokens.tobytes())
-        meta["tokens"][split] += len(tokens)
-        meta["documents"][split] += 1
-        doc_index += 1
-        total += len(tokens)
-        progress.update(len(tokens))
-        if max_tokens is not None and total >= max_tokens:
-            break  # stop within one document of the budget
-        if total - committed >= checkpoint_tokens:
-            commit(files, data_dir, meta)
-            committed = total
-    else:
-        meta["complete"] = True  # the source ran out before the budget
-    docs.close()  # stops the workers
-    progress.close()
-    commit(files, data_dir, meta, final=True)
+    try:
+        for tokens in docs:
+            split = "val" if doc_index % val_every == 0 else "train"
+            files[split].write(tokens.tobytes())
+            meta["tokens"][split] += len(tokens)
+            meta["documents"][split] += 1
+            doc_index += 1
+            total += len(tokens)
+            progress.update(len(tokens))
+            if max_tokens is not None and total >= max_tokens:
+                break  # stop within one document of the budget
+            if total - committed >= checkpoint_tokens:
+                commit(files, data_dir, meta)
+                committed = total
+        else:
+            meta["complete"] = True  # the source ran out before the budget
+        commit(files, data_dir, meta, final=True)
+    finally:  # also when interrupted: stop the workers and close the files (a tail past meta.json is cut next run)
+        docs.close()
+        progress.close()
+        for f in files.values():
+            f.close()
     print(f"{data_dir}: train {meta['tokens']['train']:,} tokens ({meta['documents']['train']:,} docs), "
           f"val {meta['tokens']['val']:,} tokens ({meta['documents']['val']:,} docs), complete={meta['complete']}")
     return meta
