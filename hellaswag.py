@@ -1,0 +1,92 @@
+"""HellaSwag validation accuracy of a GPT, scored as in build-nanogpt (acc_norm).
+
+Each row is a context and four endings. The model reads context + " " + ending for all four, and picks the ending
+whose tokens have the lowest *mean* cross-entropy (the mean, not the sum, so long endings are not penalised).
+The loader takes the original jsonl (https://github.com/rowanz/hellaswag): ctx, endings (4 strings), label.
+"""
+import json
+import os
+import shutil
+import urllib.request
+from contextlib import nullcontext
+from pathlib import Path
+
+import tiktoken
+import torch
+import torch.nn.functional as F
+
+URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+CACHE_DIR = Path(__file__).resolve().parent / "data" / "hellaswag"
+
+
+def download(cache_dir=CACHE_DIR):
+    """The validation jsonl, fetched once into cache_dir (under a temporary name, renamed when whole)."""
+    path = Path(cache_dir) / "hellaswag_val.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            with urllib.request.urlopen(URL, timeout=60) as response, open(tmp, "wb") as f:
+                shutil.copyfileobj(response, f)
+        except OSError as e:
+            raise RuntimeError(f"could not download HellaSwag from {URL} ({e}). Offline? Download that file "
+                               f"elsewhere and pass its path as source (a jsonl with ctx, endings, label)") from e
+        os.replace(tmp, path)
+    return path
+
+
+def load_rows(source=None, cache_dir=CACHE_DIR):
+    """The rows of a local HellaSwag jsonl `source`, or of the downloaded validation set."""
+    path = Path(source) if source is not None else download(cache_dir)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def render_example(row, enc):
+    """(tokens (4, L), mask (4, L) that is 1 on ending tokens, label): the four context + ending candidates."""
+    context = enc.encode_ordinary(row["ctx"])
+    endings = [enc.encode_ordinary(" " + ending) for ending in row["endings"]]  # GPT-2 BPE puts the space on the word
+    length = max(len(context) + len(ending) for ending in endings)
+    tokens = torch.zeros(4, length, dtype=torch.long)  # right-padded; the padding is masked out
+    mask = torch.zeros(4, length, dtype=torch.long)
+    for i, ending in enumerate(endings):
+        tokens[i, :len(context) + len(ending)] = torch.tensor(context + ending)
+        mask[i, len(context):len(context) + len(ending)] = 1
+    return tokens, mask, int(row["label"])
+
+
+def ending_losses(logits, tokens, mask):
+    """Mean cross-entropy over each candidate's ending tokens: (4,)."""
+    mask = mask[:, 1:].bool()  # position t predicts token t + 1
+    losses = torch.zeros(mask.shape, device=logits.device)
+    losses[mask] = F.cross_entropy(logits[:, :-1][mask].float(), tokens[:, 1:][mask], reduction="none")  # endings only
+    return losses.sum(1) / mask.sum(1)
+
+
+@torch.no_grad()
+def evaluate(model, rows, device, rank=0, world_size=1, autocast_ctx=nullcontext()):
+    """(correct, total) under acc_norm over rows[rank::world_size]; the caller all-reduces across ranks.
+
+    model: the unwrapped GPT (raw_model, not the DDP wrapper); `logits, loss = model(idx, targets)`.
+    """
+    enc = tiktoken.get_encoding("gpt2")
+    block_size = model.config.block_size
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    for row in rows[rank::world_size]:
+        tokens, mask, label = render_example(row, enc)
+        tokens, mask = tokens[:, -block_size:], mask[:, -block_size:]  # longer than the model sees: drop oldest context
+        tokens, mask = tokens.to(device), mask.to(device)
+        with autocast_ctx:
+            logits, _ = model(tokens, tokens)  # targets make the model return logits at every position
+        correct += int(ending_losses(logits, tokens, mask).argmin().item() == label)
+        total += 1
+    model.train(was_training)
+    return correct, total
+
+
+def main(model, source=None, device="cpu"):
+    """Print and return the acc_norm of `model` on HellaSwag (a local jsonl `source`, or the downloaded val set)."""
+    correct, total = evaluate(model, load_rows(source), device)
+    print(f"hellaswag acc_norm {correct / total:.4f}")
+    return correct / total

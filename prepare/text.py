@@ -1,0 +1,174 @@
+"""GPT-2 BPE token datasets from web text: the machinery that fineweb_edu.py and openwebtext.py share.
+
+Documents come from a `datasets` streaming table: the hub, or a local --source read by the same loaders, so both
+go down one code path. Each document becomes [EOT] + its tokens: the EOT goes *before* the document, as in
+build-nanogpt, so every document starts right after an EOT. Document i goes to val.bin when i % val_every == 0 and
+to train.bin otherwise: a fixed 1% held out (about 100M tokens of 10B, 2 docs of a 150-doc sample).
+
+meta.json is the record of what is done. The token files are only ever appended to, under temporary names while a
+run is on, and are cut back to the counts in meta.json when a run starts. So a killed run, or a rerun with a larger
+--max_tokens, continues from the last record and ends byte-identical to one uninterrupted run.
+"""
+import argparse
+import itertools
+import json
+import os
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+from datasets import load_dataset
+from tqdm import tqdm
+
+EOT = 50256  # <|endoftext|>
+FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}  # suffix -> datasets loader
+SOURCE_HELP = ("a parquet or jsonl file (or a folder of them) with a `text` column, "
+               "or a txt file whose documents are separated by blank lines")
+
+
+def local_files(source):
+    """(datasets loader, files) for a local file or a folder of files; ValueError if it is not a format we read."""
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"--source={source} does not exist")
+    files = sorted(p for p in path.rglob("*") if p.suffix in FORMATS) if path.is_dir() else [path]
+    kinds = {FORMATS.get(p.suffix) for p in files}
+    if len(kinds) != 1 or None in kinds:
+        raise ValueError(f"--source={source} is not a supported format: expected {SOURCE_HELP}")
+    return kinds.pop(), [str(p) for p in files]
+
+
+def open_dataset(source, load_hub, name):
+    """(dataset, label): a local --source if given, else load_hub(); checked for a `text` column before any work."""
+    if source is not None:
+        kind, files = local_files(source)
+        label = str(Path(source).resolve())
+        options = {"sample_by": "paragraph"} if kind == "text" else {}  # txt: a document per blank-line-separated block
+        try:  # the loaders the hub uses too, so a local copy and the hub take one code path
+            dataset = load_dataset(kind, data_files=files, split="train", streaming=True, **options)
+            first = next(iter(dataset), None)
+        except Exception as e:  # a file that is not what its suffix says
+            raise ValueError(f"could not read --source={source} ({e}): expected {SOURCE_HELP}") from e
+    else:
+        try:
+            dataset, label = load_hub()
+            first = next(iter(dataset), None)
+        except Exception as e:  # offline, or the hub repo moved
+            raise RuntimeError(f"could not load {name} from the Hugging Face hub ({type(e).__name__}: {e}). "
+                               f"Offline? Get a copy and pass --source=PATH, {SOURCE_HELP}.") from e
+    if first is None or "text" not in first:
+        raise ValueError(f"{label} has no documents with a `text` column (columns: {sorted(first or {})}): "
+                         f"expected {SOURCE_HELP}")
+    return dataset, label
+
+
+def tokenize(docs):
+    """[EOT] + GPT-2 tokens of each document, as uint16 arrays (runs in the worker processes)."""
+    enc = tiktoken.get_encoding("gpt2")  # cached by tiktoken: free after the first call in each process
+    return [np.array([EOT] + enc.encode_ordinary(doc), dtype=np.uint16) for doc in docs]
+
+
+def tokenized(texts, num_proc, chunk_docs):
+    """Token arrays of `texts`, in order, from a pool of workers that reads only a few chunks ahead."""
+    chunks = iter(lambda: list(itertools.islice(texts, chunk_docs)), [])
+    with Pool(num_proc) as pool:
+        while batch := list(itertools.islice(chunks, 4 * num_proc)):  # bounded read-ahead: a budget never pulls it all
+            for chunk in pool.imap(tokenize, batch):
+                yield from chunk
+
+
+def read_meta(data_dir):
+    path = Path(data_dir) / "meta.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_json(path, obj):
+    """Write to a temporary name, then rename: the file under its final name is always whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def open_tokens(data_dir, split, n_tokens):
+    """split.bin, moved to its temporary name and cut back to the n_tokens that meta.json records, for appending."""
+    final, tmp = data_dir / f"{split}.bin", data_dir / f"{split}.bin.tmp"
+    if final.exists():
+        os.replace(final, tmp)  # while we write, nothing half-written sits under the final name
+    if n_tokens and (not tmp.exists() or tmp.stat().st_size < 2 * n_tokens):
+        raise RuntimeError(f"{final} holds fewer tokens than meta.json says: delete {data_dir} and prepare again")
+    f = open(tmp, "r+b" if tmp.exists() else "wb")
+    f.truncate(2 * n_tokens)  # drop whatever a killed run wrote after its last record
+    f.seek(2 * n_tokens)
+    return f
+
+
+def commit(files, data_dir, meta, final=False):
+    """Make the tokens written so far durable, then record them in meta.json (written last: it is the commit)."""
+    for split, f in files.items():
+        f.flush()
+        os.fsync(f.fileno())
+        if final:
+            f.close()
+            os.replace(data_dir / f"{split}.bin.tmp", data_dir / f"{split}.bin")
+    write_json(data_dir / "meta.json", meta)
+
+
+def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_proc=None, chunk_docs=64,
+                 checkpoint_tokens=100_000_000):
+    """Tokenize `dataset` into data_dir/{train,val}.bin until about max_tokens (None: all of it); returns meta."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    meta = read_meta(data_dir) or {"vocab_size": 50257, "encoding": "gpt2", "kind": "text",
+                                   "tokens": {"train": 0, "val": 0}, "documents": {"train": 0, "val": 0},
+                                   "source": source, "val_every": val_every, "complete": False}
+    if (meta["source"], meta["val_every"]) != (source, val_every):  # appending another stream would mix two datasets
+        raise ValueError(f"{data_dir} holds {meta['source']} (val_every={meta['val_every']}), not {source} "
+                         f"(val_every={val_every}): delete it or choose another --data_dir")
+    total = sum(meta["tokens"].values())
+    if meta["complete"] or (max_tokens is not None and total >= max_tokens):
+        print(f"{data_dir}: {total:,} tokens already prepared" + (" (all of the source)" if meta["complete"] else ""))
+        return meta
+
+    files = {split: open_tokens(data_dir, split, n) for split, n in meta["tokens"].items()}
+    doc_index = sum(meta["documents"].values())
+    texts = (row["text"] for row in dataset.skip(doc_index))  # documents consumed by earlier runs are skipped
+    docs = tokenized(texts, num_proc or max(1, os.cpu_count() // 2), chunk_docs)
+    progress = tqdm(total=max_tokens, initial=total, unit="tok", unit_scale=True, desc=f"tokenizing {data_dir.name}")
+    committed = total
+    try:
+        for tokens in docs:
+            split = "val" if doc_index % val_every == 0 else "train"
+            files[split].write(tokens.tobytes())
+            meta["tokens"][split] += len(tokens)
+            meta["documents"][split] += 1
+            doc_index += 1
+            total += len(tokens)
+            progress.update(len(tokens))
+            if max_tokens is not None and total >= max_tokens:
+                break  # stop within one document of the budget
+            if total - committed >= checkpoint_tokens:
+                commit(files, data_dir, meta)
+                committed = total
+        else:
+            meta["complete"] = True  # the source ran out before the budget
+        commit(files, data_dir, meta, final=True)
+    finally:  # also when interrupted: stop the workers and close the files (a tail past meta.json is cut next run)
+        docs.close()
+        progress.close()
+        for f in files.values():
+            f.close()
+    print(f"{data_dir}: train {meta['tokens']['train']:,} tokens ({meta['documents']['train']:,} docs), "
+          f"val {meta['tokens']['val']:,} tokens ({meta['documents']['val']:,} docs), complete={meta['complete']}")
+    return meta
+
+
+def arg_parser(description, data_dir):
+    """The flags every web-text script takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--source", default=None, help=f"a local copy instead of the hub: {SOURCE_HELP}")
+    parser.add_argument("--data_dir", default=str(data_dir), help="where train.bin, val.bin and meta.json go")
+    parser.add_argument("--max_tokens", type=lambda s: int(float(s)), default=None,
+                        help="stop after about this many tokens (e.g. 1e9); rerun with more to continue")
+    parser.add_argument("--num_proc", type=int, default=None, help="tokenizer processes (default: half the cores)")
+    return parser

@@ -1,0 +1,294 @@
+"""Web-text preparation (prepare/text.py, fineweb_edu.py, openwebtext.py) and HellaSwag scoring, on offline samples."""
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if not DATA.exists():
+    pytest.skip(f"offline data samples not found at {DATA}", allow_module_level=True)
+if (DATA / "tiktoken_cache").exists():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(DATA / "tiktoken_cache")  # GPT-2 BPE without the network
+sys.path.insert(0, str(ROOT))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import tiktoken  # noqa: E402
+
+import hellaswag  # noqa: E402
+from prepare import fineweb_edu, openwebtext, text  # noqa: E402
+
+PARQUET = DATA / "fineweb_edu" / "fineweb_edu_150docs.parquet"
+JSONL = DATA / "fineweb_edu" / "fineweb_edu_150docs.jsonl"
+TXT = DATA / "openwebtext" / "openwebtext_sample.txt"
+HELLASWAG = DATA / "hellaswag" / "hellaswag_val_1000.jsonl"
+EOT = 50256
+enc = tiktoken.get_encoding("gpt2")
+
+
+# ----------------------------------------------------------------------------- web text
+
+def fineweb_docs():
+    """The sample's documents, read with pyarrow directly (not through the code under test)."""
+    return pq.read_table(PARQUET).column("text").to_pylist()
+
+
+def doc_tokens(docs):
+    return [[EOT] + enc.encode_ordinary(doc) for doc in docs]  # EOT first, once per document
+
+
+def expected_splits(docs, val_every=100):
+    """The reference concatenation: document i in val when i % val_every == 0."""
+    tokens = doc_tokens(docs)
+    join = lambda keep: np.array([t for i, d in enumerate(tokens) if keep(i) for t in d], dtype=np.uint16)
+    return {"train": join(lambda i: i % val_every != 0), "val": join(lambda i: i % val_every == 0)}
+
+
+def read_bins(data_dir):
+    return {split: np.fromfile(data_dir / f"{split}.bin", dtype=np.uint16) for split in ("train", "val")}
+
+
+def files_of(data_dir):
+    return {p.name: p.read_bytes() for p in sorted(data_dir.iterdir())}
+
+
+@pytest.mark.parametrize("source", [PARQUET, JSONL], ids=["parquet", "jsonl"])
+def test_fineweb_tokens_are_exact(tmp_path, source):
+    docs = fineweb_docs()
+    meta = fineweb_edu.prepare(tmp_path, source=source, num_proc=2)
+    expected = expected_splits(docs)
+    bins = read_bins(tmp_path)
+    assert len(docs) == 150
+    assert len(bins["train"]) + len(bins["val"]) == sum(len(enc.encode_ordinary(d)) + 1 for d in docs) == 89438
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(bins[split], expected[split])
+        assert meta["tokens"][split] == len(bins[split])
+    assert meta["documents"] == {"train": 148, "val": 2} and meta["complete"] is True
+    assert json.loads((tmp_path / "meta.json").read_text()) == meta
+    assert meta["vocab_size"] == 50257 and meta["encoding"] == "gpt2" and meta["kind"] == "text"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json", "train.bin", "val.bin"]  # no temporary left
+
+
+def test_max_tokens_stops_at_budget_and_continues(tmp_path, monkeypatch):
+    lengths = np.array([len(d) for d in doc_tokens(fineweb_docs())])
+    ends = np.cumsum(lengths)  # total tokens after each document
+    full, part = tmp_path / "full", tmp_path / "part"
+    fineweb_edu.prepare(full, source=PARQUET)
+    expected = read_bins(full)
+
+    tokenized = []  # documents the tokenizer is handed, counted in the parent process
+    def counting(texts, *args):
+        for tokens in text_tokenized(texts, *args):
+            tokenized.append(len(tokens))
+            yield tokens
+    text_tokenized = text.tokenized
+    monkeypatch.setattr(text, "tokenized", counting)
+
+    consumed = 0
+    for budget in (10_000, 40_000):
+        tokenized.clear()
+        meta = fineweb_edu.prepare(part, source=PARQUET, max_tokens=budget)
+        total = meta["tokens"]["train"] + meta["tokens"]["val"]
+        docs = meta["documents"]["train"] + meta["documents"]["val"]
+        assert budget <= total < budget + lengths.max()  # within one document of the budget
+        assert total == ends[docs - 1] and ends[docs - 2] < budget  # stopped at the first document reaching it
+        assert meta["complete"] is False
+        assert len(tokenized) == docs - consumed  # continuing skipped what was consumed, tokenized only new documents
+        consumed = docs
+        bins = read_bins(part)
+        for split in ("train", "val"):
+            np.testing.assert_array_equal(bins[split], expected[split][:len(bins[split])])
+    assert (consumed, total) == (64, 40_180)  # counted independently from the sample
+
+    tokenized.clear()
+    meta = fineweb_edu.prepare(part, source=PARQUET)  # no budget: the rest of the source
+    assert meta["complete"] is True and len(tokenized) == 150 - consumed
+    assert files_of(part) == files_of(full)  # byte for byte, meta.json included
+
+
+@pytest.mark.parametrize("first_budget", [None, 20_000], ids=["fresh", "continuing"])
+def test_interrupted_run_resumes_byte_identical(tmp_path, monkeypatch, first_budget):
+    full, part = tmp_path / "full", tmp_path / "part"
+    options = dict(source=PARQUET, checkpoint_tokens=5_000, chunk_docs=4)
+    fineweb_edu.prepare(full, **options)
+    if first_budget:
+        fineweb_edu.prepare(part, max_tokens=first_budget, **options)
+
+    real_commit = text.commit
+    calls = []
+    def killed_on_third_commit(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as if killed after writing tokens it had not yet recorded
+        real_commit(*args, **kwargs)
+    monkeypatch.setattr(text, "commit", killed_on_third_commit)
+    with pytest.raises(KeyboardInterrupt):
+        fineweb_edu.prepare(part, **options)
+    monkeypatch.undo()
+
+    # what a reader finds now: a whole meta.json recording a prefix; no split.bin under its final name
+    meta = json.loads((part / "meta.json").read_text())
+    total = meta["tokens"]["train"] + meta["tokens"]["val"]
+    assert (first_budget or 0) < total < 89_438 and meta["complete"] is False
+    assert not (part / "train.bin").exists() and not (part / "val.bin").exists()
+    assert (part / "train.bin.tmp").stat().st_size > 2 * meta["tokens"]["train"]  # an unrecorded tail to discard
+
+    fineweb_edu.prepare(part, **options)
+    assert files_of(part) == files_of(full)
+
+
+def test_openwebtext_txt_as_a_script(tmp_path):
+    docs = [doc for doc in TXT.read_text().split("\n\n") if doc]  # documents are blank-line separated
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(DATA / "tiktoken_cache"))
+    subprocess.run([sys.executable, "prepare/openwebtext.py", f"--source={TXT}", f"--data_dir={tmp_path}"],
+                   cwd=ROOT, env=env, check=True, capture_output=True)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["documents"] == {"train": len(docs) - 22, "val": 22} and len(docs) == 2121
+    assert meta["tokens"]["train"] + meta["tokens"]["val"] == sum(len(d) for d in doc_tokens(docs))
+    expected, bins = expected_splits(docs), read_bins(tmp_path)
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(bins[split], expected[split])
+
+
+def test_bad_source_fails_before_any_output(tmp_path):
+    wrong_column = tmp_path / "wrong_column.parquet"
+    pq.write_table(pa.table({"content": ["a document", "another"]}), wrong_column)
+    no_text_key = tmp_path / "no_text.jsonl"
+    no_text_key.write_text('{"body": "a document"}\n')
+    csv = tmp_path / "docs.csv"
+    csv.write_text("text\na document\n")
+    not_parquet = tmp_path / "fake.parquet"
+    not_parquet.write_text("this is not parquet\n")
+    for source in (wrong_column, no_text_key, csv, not_parquet):
+        out = tmp_path / f"out_{source.name}"
+        with pytest.raises(ValueError, match="text"):
+            fineweb_edu.prepare(out, source=source)
+        assert not out.exists()
+
+    # a data_dir that holds another source is not appended to
+    out = tmp_path / "out"
+    fineweb_edu.prepare(out, source=PARQUET, max_tokens=1_000)
+    before = files_of(out)
+    with pytest.raises(ValueError, match="another --data_dir"):
+        fineweb_edu.prepare(out, source=JSONL)
+    assert files_of(out) == before
+
+
+@pytest.mark.parametrize("module, name", [(fineweb_edu, "HuggingFaceFW/fineweb-edu"),
+                                          (openwebtext, "Skylion007/openwebtext")])
+def test_no_network_and_no_source_says_what_to_do(tmp_path, monkeypatch, module, name):
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach the Hub")
+    monkeypatch.setattr(module, "load_dataset", offline)
+    with pytest.raises(RuntimeError) as error:
+        module.prepare(tmp_path / "out")
+    message = str(error.value)
+    for words in (name, "--source", "parquet", "jsonl", "`text` column", "txt"):
+        assert words in message
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- HellaSwag
+
+class BigramModel(nn.Module):
+    """Logits 0 everywhere, except `boost` on next token n wherever the current token is p, for (p, n) in pairs."""
+
+    def __init__(self, pairs, boost, block_size=1024):
+        super().__init__()
+        self.config = types.SimpleNamespace(block_size=block_size)
+        self.pairs, self.boost = pairs, boost
+
+    def forward(self, idx, targets=None):
+        logits = torch.zeros(*idx.shape, 50257)
+        for p, n in self.pairs:
+            logits[..., n] += self.boost * (idx == p)
+        return logits, None
+
+
+class TinyRandomGPT(nn.Module):
+    """A randomly initialised stand-in with the model interface: logits, loss = model(idx, targets)."""
+
+    def __init__(self, dim=8, block_size=64):
+        super().__init__()
+        self.config = types.SimpleNamespace(block_size=block_size)
+        self.wte = nn.Embedding(50257, dim)
+        self.head = nn.Linear(dim, 50257, bias=False)
+
+    def forward(self, idx, targets=None):
+        return self.head(self.wte(idx)), None
+
+
+def hand_example(context):
+    """A row whose ending 1 ("ate a big apple") the BigramModel predicts; sum-loss and mean-loss disagree on it."""
+    row = {"ctx": context, "endings": ["sat", "ate a big apple", "ran home", "slept there"], "label": 1}
+    chain = enc.encode_ordinary(context)[-1:] + enc.encode_ordinary(" ate a big apple")
+    return row, BigramModel(list(zip(chain[:-1], chain[1:])), boost=5.0)
+
+
+def test_render_example():
+    tokens, mask, label = hellaswag.render_example(hand_example("The man")[0], enc)
+    assert label == 1 and tokens.shape == mask.shape == (4, 6)  # 2 context tokens + the longest ending (4)
+    assert tokens[1].tolist() == [464, 582, 15063, 257, 1263, 17180]  # "The man" + " ate a big apple"
+    assert tokens[0].tolist() == [464, 582, 3332, 0, 0, 0]  # " sat", then padding
+    assert mask.tolist() == [[0, 0, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("context, block_size", [("The man", 1024), ("Yesterday in the park the man", 6)])
+def test_hellaswag_scores_mean_loss_by_hand(context, block_size):
+    row, model = hand_example(context)
+    model.config.block_size = block_size  # 6 < 10 tokens: the context is cut from the left, the endings survive
+    V, b = 50257, 5.0
+    hit = math.log(V - 1 + math.exp(b)) - b  # the boosted next token is the target
+    miss = math.log(V - 1 + math.exp(b))  # a boost for another token
+    plain = math.log(V)  # all logits 0
+    mean = torch.tensor([miss, hit, (miss + plain) / 2, (miss + plain) / 2])  # by hand, per ending
+    lengths = torch.tensor([1, 4, 2, 2])
+    assert (mean * lengths).argmin() == 0 and mean.argmin() == 1  # summed loss picks "sat", mean loss "ate a big apple"
+
+    tokens, mask, _ = hellaswag.render_example(row, enc)
+    tokens, mask = tokens[:, -block_size:], mask[:, -block_size:]
+    torch.testing.assert_close(hellaswag.ending_losses(model(tokens)[0], tokens, mask), mean)
+    wrong = dict(row, label=0)  # right by summed loss, wrong by acc_norm
+    assert hellaswag.evaluate(model, [row, wrong, row], "cpu") == (2, 3)
+    assert hellaswag.evaluate(model, [row, wrong, row], "cpu", rank=1, world_size=2) == (0, 1)  # rows[1::2]
+
+
+def test_hellaswag_random_model_is_at_chance():
+    rows = hellaswag.load_rows(HELLASWAG)
+    assert len(rows) == 1000
+    torch.manual_seed(0)
+    model = TinyRandomGPT()
+    # every 4th row (250 rows, ~3 s): a full-vocabulary forward is ~13 ms a row on 2 CPU cores
+    correct, total = hellaswag.evaluate(model, rows, "cpu", rank=0, world_size=4)
+    assert total == 250 and abs(correct / total - 0.25) < 0.05
+    assert model.training  # evaluate restores the mode it found
+
+
+def test_hellaswag_download_and_offline_error(tmp_path, monkeypatch, capsys):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+    monkeypatch.setattr(hellaswag.urllib.request, "urlopen", offline)
+    with pytest.raises(RuntimeError, match="source"):
+        hellaswag.load_rows(cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+    monkeypatch.setattr(hellaswag.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(HELLASWAG.read_bytes()))
+    assert hellaswag.load_rows(cache_dir=tmp_path) == hellaswag.load_rows(HELLASWAG)
+    assert [p.name for p in tmp_path.iterdir()] == ["hellaswag_val.jsonl"]  # cached under its final name only
+
+    row, model = hand_example("The man")
+    source = tmp_path / "two.jsonl"
+    source.write_text(json.dumps(row) + "\n" + json.dumps(dict(row, label=0)) + "\n")
+    assert hellaswag.main(model, source) == 0.5
+    assert "hellaswag acc_norm 0.5000" in capsys.readouterr().out
