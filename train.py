@@ -46,6 +46,8 @@ batch_size = 256            # micro-batch size per process
 block_size = 32
 recall_keys = 16            # recall task: key vocabulary, pairs per sequence (sequence length = block_size)
 recall_pairs = 4
+hellaswag = False           # GPT-2 BPE models: HellaSwag acc_norm at every evaluation
+hellaswag_source = ''       # a local hellaswag_val.jsonl instead of the download
 # model
 n_layer = 2
 n_head = 4
@@ -312,6 +314,19 @@ def peak_flops():
 gpu_peak_flops = peak_flops()
 
 
+if hellaswag:
+    if meta['encoding'] != 'gpt2':
+        fail(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {dataset}")
+    import hellaswag as hellaswag_eval
+    try:
+        if ddp and not master_process:
+            dist.barrier()  # rank 0 downloads first; the others then read its copy
+        hellaswag_rows = hellaswag_eval.load_rows(hellaswag_source or None)
+        if ddp and master_process:
+            dist.barrier()
+    except (OSError, RuntimeError, ValueError) as e:
+        fail(e)
+
 # -----------------------------------------------------------------------------
 # training loop
 has_accuracy = kind != 'text'
@@ -339,6 +354,10 @@ while True:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter:
                 save_checkpoint()
+        if hellaswag:
+            correct, total = all_sum(*hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
+                                                              ddp_world_size, ctx))
+            log(f"hellaswag acc_norm {correct / total:.4f}") if master_process else None
     if eval_only:
         break
 

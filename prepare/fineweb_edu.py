@@ -12,7 +12,7 @@ if __name__ == "__main__":  # run as a script: make the `prepare` package import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import load_dataset
 
-from prepare.text import arg_parser, open_dataset, prepare_text
+from prepare.text import arg_parser, open_dataset, prepare_text, prepared_enough
 
 HUB = "HuggingFaceFW/fineweb-edu"
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "fineweb_edu"
@@ -20,6 +20,8 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "fineweb_edu"
 
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, sample="sample-10BT", **kwargs):
     """Tokenize FineWeb-Edu (the hub, or a local `source`) into data_dir; kwargs go to prepare_text. Returns meta."""
+    if meta := prepared_enough(data_dir, max_tokens):
+        return meta
     def load_hub():  # streaming, so a partial budget downloads only what it reads
         return load_dataset(HUB, name=sample, split="train", streaming=True), f"{HUB}/{sample}"
     dataset, label = open_dataset(source, load_hub, f"{HUB} ({sample})")

@@ -14,7 +14,7 @@ if __name__ == "__main__":  # run as a script: make the `prepare` package import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import load_dataset
 
-from prepare.text import arg_parser, open_dataset, prepare_text, read_meta
+from prepare.text import arg_parser, open_dataset, prepare_text, prepared_enough, read_meta
 
 HUB = "Skylion007/openwebtext"
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "openwebtext"
@@ -42,6 +42,8 @@ def load_hub(prefer=None):
 
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, **kwargs):
     """Tokenize OpenWebText (the hub, or a local `source`) into data_dir; kwargs go to prepare_text. Returns meta."""
+    if meta := prepared_enough(data_dir, max_tokens):
+        return meta
     previous = (read_meta(data_dir) or {}).get("source")  # continue from the same copy, not another one
     dataset, label = open_dataset(source, lambda: load_hub(prefer=previous), HUB)
     return prepare_text(dataset, data_dir, label, max_tokens, **kwargs)

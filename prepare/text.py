@@ -114,6 +114,17 @@ def commit(files, data_dir, meta, final=False):
     write_json(data_dir / "meta.json", meta)
 
 
+def prepared_enough(data_dir, max_tokens):
+    """meta if data_dir already holds the whole source or max_tokens, else None: then nothing is opened or
+    downloaded, so a prepared dataset trains offline."""
+    meta = read_meta(data_dir)
+    if meta and (meta["complete"] or (max_tokens is not None and sum(meta["tokens"].values()) >= max_tokens)):
+        print(f"{data_dir}: {sum(meta['tokens'].values()):,} tokens already prepared"
+              + (" (all of the source)" if meta["complete"] else ""))
+        return meta
+    return None
+
+
 def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_proc=None, chunk_docs=64,
                  checkpoint_tokens=100_000_000):
     """Tokenize `dataset` into data_dir/{train,val}.bin until about max_tokens (None: all of it); returns meta."""
@@ -126,10 +137,6 @@ def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_
         raise ValueError(f"{data_dir} holds {meta['source']} (val_every={meta['val_every']}), not {source} "
                          f"(val_every={val_every}): delete it or choose another --data_dir")
     total = sum(meta["tokens"].values())
-    if meta["complete"] or (max_tokens is not None and total >= max_tokens):
-        print(f"{data_dir}: {total:,} tokens already prepared" + (" (all of the source)" if meta["complete"] else ""))
-        return meta
-
     files = {split: open_tokens(data_dir, split, n) for split, n in meta["tokens"].items()}
     doc_index = sum(meta["documents"].values())
     texts = (row["text"] for row in dataset.skip(doc_index))  # documents consumed by earlier runs are skipped
