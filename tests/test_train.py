@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 
-from conftest import iter_losses, run_script
+from conftest import SHARED, iter_losses, needs_shared, run_script
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--batch_size=16', '--eval_iters=2', '--log_interval=1',
         '--warmup_iters=2', '--compile=False', '--device=cpu']
@@ -102,3 +102,18 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(recall_dir, tmp_pat
     kept = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
     assert kept['iter_num'] == good['iter_num']
     assert all(torch.isfinite(p).all() for p in kept['model'].values())
+
+
+@needs_shared
+def test_fineweb_trains_offline_with_hellaswag(tmp_path):
+    rows = (SHARED / 'hellaswag' / 'hellaswag_val_1000.jsonl').read_text().splitlines()[:8]
+    (tmp_path / 'hs.jsonl').write_text('\n'.join(rows) + '\n')
+    log = run_script('train.py', 'config/softmax_fineweb.py', *TINY, '--block_size=32', '--gradient_accumulation_steps=1',
+                     f'--data_source={SHARED / "fineweb_edu" / "fineweb_edu_150docs.parquet"}',
+                     f'--data_dir={tmp_path / "fw"}', f'--out_dir={tmp_path / "out"}', '--max_iters=20',
+                     '--eval_interval=20', '--learning_rate=3e-3', f'--hellaswag_source={tmp_path / "hs.jsonl"}')
+    losses = iter_losses(log)
+    assert losses[0] == pytest.approx(10.83, abs=0.1)  # ln(50304): chance at init
+    assert losses[20] < losses[0] - 2
+    scores = re.findall(r"^hellaswag acc_norm ([\d.]+)$", log, re.M)
+    assert len(scores) == 2 and all(float(s) * 8 == round(float(s) * 8) for s in scores)  # k of 8 rows
