@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -38,6 +39,13 @@ class AttentionConfig:
     pos_emb: str = 'learned'     # 'learned' (added to the input) or 'rope' (rotates q and k in every layer)
     rope_base: float = 10000.0
     window: int = 0              # softmax: sliding window of W keys (i-W < j <= i); 0 = full context
+    n_layer: int = 12            # depth (the ViT's Krause top-k grows over it)
+    krause_window: int = 32      # Krause 1-D: W keys per query (i-W < j <= i)
+    krause_topk: int = 16        # Krause: keys kept per row (ViT: first layer's k, growing to 2k)
+    krause_sigma: float = 2.5    # Krause: initial RBF bandwidth σ (learned per head as log_sigma)
+    krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
+    krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
+    krause_mix: bool = False     # Krause GPT: the paper's LM form, a softmax branch and a Krause branch, gated
 
 
 # -----------------------------------------------------------------------------
@@ -82,10 +90,28 @@ def sliding_window_mask(window):
     return mask_mod
 
 
+def grid_neighbourhood(grid_size, radius, metric):
+    """(N, N) bool, N = 1 + grid_size²: token 0 (CLS) sees and is seen by all; patch i sees patch j iff their
+    distance on the grid (row-major patches) is at most `radius`, |Δr| + |Δc| or max(|Δr|, |Δc|)."""
+    rows, cols = torch.arange(grid_size).repeat_interleave(grid_size), torch.arange(grid_size).repeat(grid_size)
+    dr, dc = (rows[:, None] - rows[None, :]).abs(), (cols[:, None] - cols[None, :]).abs()
+    distance = dr + dc if metric == 'manhattan' else torch.maximum(dr, dc)
+    return F.pad(distance <= radius, (1, 0, 1, 0), value=True)
+
+
+def tensor_mask(mask):
+    def mask_mod(b, h, q_idx, kv_idx):  # look the pair up in a precomputed (T, T) bool mask
+        return mask[q_idx, kv_idx]
+    return mask_mod
+
+
 @lru_cache(maxsize=64)
-def block_mask(T, device, causal=True, window=0):
-    """BlockMask for flex_attention, built once per (T, device, causal, window) and reused by every layer."""
-    if window:
+def block_mask(T, device, causal=True, window=0, grid=None):
+    """BlockMask for flex_attention, built once per (T, device, causal, window, grid) and reused by every layer.
+    grid = (grid_size, radius, metric) asks for a 2-D neighbourhood (grid_neighbourhood)."""
+    if grid:
+        mask_mod = tensor_mask(grid_neighbourhood(*grid).to(device))
+    elif window:
         mask_mod = sliding_window_mask(window)
     elif causal:
         mask_mod = causal_mask
@@ -94,30 +120,57 @@ def block_mask(T, device, causal=True, window=0):
     return create_block_mask(mask_mod, None, None, T, T, device=device)
 
 
-# The banded layout: queries in chunks of W, each chunk against the 2W keys that can reach it.
-# Chunk c holds queries cW..cW+W-1 and keys (c-1)W..cW+W-1, so a sliding window of W keys costs
-# O(T·W) time and memory and no T×T tensor ever exists.
+# The banded layout: queries in chunks of C, each chunk against the C + P keys that can reach it (positions
+# cC - P .. cC + C - 1, P >= W a whole number of chunks). A sliding window of W keys then costs O(T·(C+P)) time
+# and memory and no T×T tensor ever exists.
 
-def band_queries(x, W):  # (B, H, T, D) -> (B, H, n, W, D), zero-padded to n·W positions
+def band_layout(window, T):
+    """(W, C, P): the window that matters for a sequence of T (never more than T); the query chunk C (up to 64
+    queries keeps the matmuls efficient and the band narrow); the look-back P >= W, a multiple of C."""
+    W = min(window, T)
+    C = min(W, 64)
+    return W, C, -(-W // C) * C
+
+
+def band_queries(x, C):  # (B, H, T, D) -> (B, H, n, C, D), zero-padded to n·C positions
     B, H, T, D = x.shape
-    n = -(-T // W)
-    return F.pad(x, (0, 0, 0, n * W - T)).view(B, H, n, W, D)
+    n = -(-T // C)
+    return F.pad(x, (0, 0, 0, n * C - T)).view(B, H, n, C, D)
 
 
-def band_keys(x, W):  # (B, H, T, D) -> (B, H, n, 2W, D)
+def band_keys(x, C, P):  # (B, H, T, D) -> (B, H, n, C+P, D)
     B, H, T, D = x.shape
-    n = -(-T // W)
-    x = F.pad(x, (0, 0, W, n * W - T))                # W zero keys in front, so chunk 0 has a left half
-    return x.unfold(2, 2 * W, W).transpose(-1, -2)  # unfold: (B, H, n, D, 2W)
+    n = -(-T // C)
+    x = F.pad(x, (0, 0, P, n * C - T)).view(B, H, n + P // C, C, D)  # P zero keys in front: chunk 0 looks back
+    # chunk c's keys are the P/C chunks before it and itself; a cat of shifted views (unfold's backward is slow)
+    return torch.cat([x[:, :, j:j + n] for j in range(P // C + 1)], dim=3)
 
 
 @lru_cache(maxsize=64)
-def band_mask(T, W, window, device):
-    """(n, W, 2W) bool: in chunk c, key slot s (position cW - W + s) is visible to query r (position cW + r)."""
-    n = -(-T // W)
-    query = torch.arange(n * W, device=device).view(n, W, 1)
-    key = (torch.arange(n, device=device) * W - W).view(n, 1, 1) + torch.arange(2 * W, device=device)
-    return (key >= 0) & (key <= query) & (query - key < window)
+def band_mask(T, C, P, W, device):
+    """(n, C, C+P) bool: in chunk c, key slot s (position cC - P + s) is visible to query r (position cC + r)."""
+    n = -(-T // C)
+    query = torch.arange(n * C, device=device).view(n, C, 1)
+    key = (torch.arange(n, device=device) * C - P).view(n, 1, 1) + torch.arange(C + P, device=device)
+    return (key >= 0) & (key <= query) & (query - key < W)
+
+
+def band_strip(x, W):
+    """The W slots that row r of a (..., C, C+P) band can reach (keys r-W+1..r: slots P-W+1+r ..), a (..., C, W) view."""
+    *lead, C, CP = x.shape
+    assert x.is_contiguous()
+    return x.as_strided((*lead, C, W), (*x.stride()[:-2], CP + 1, 1), x.storage_offset() + CP - C - W + 1)
+
+
+def kth_largest(x, k):
+    """(..., n) -> (..., 1): the k-th largest value along the last dim, without gradient (-inf sorts first, so a
+    row with fewer than k finite values gives -inf). On CPU NumPy's SIMD selection is ~5x faster than kthvalue."""
+    k = min(k, x.size(-1))
+    with torch.no_grad():
+        if x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64):
+            n = x.size(-1)
+            return torch.from_numpy(np.partition(x.detach().numpy(), n - k, axis=-1)[..., n - k:n - k + 1])
+        return x.kthvalue(x.size(-1) - k + 1, dim=-1, keepdim=True).values
 
 
 def unband(y, T):  # (B, H, n, W, D) -> (B, H, T, D)
@@ -199,9 +252,9 @@ class SoftmaxAttention(Attention):
         dropout_p = self.dropout if self.training else 0.0
         if not self.window or self.window >= T:  # the window covers everything: plain causal/full attention
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=self.causal)
-        W = self.window
-        y = F.scaled_dot_product_attention(band_queries(q, W), band_keys(k, W), band_keys(v, W),
-                                           attn_mask=band_mask(T, W, W, q.device), dropout_p=dropout_p)
+        W, C, P = band_layout(self.window, T)
+        y = F.scaled_dot_product_attention(band_queries(q, C), band_keys(k, C, P), band_keys(v, C, P),
+                                           attn_mask=band_mask(T, C, P, W, q.device), dropout_p=dropout_p)
         return unband(y, T)
 
     def attend_flex(self, q, k, v):
@@ -211,8 +264,156 @@ class SoftmaxAttention(Attention):
         return run_flex(q, k, v, block_mask=block_mask(T, str(q.device), self.causal, window))
 
 
+def krause_topk_schedule(topk, n_layer):
+    """ViT top-k over depth, k at the first layer to 2k at the last: round(linspace(k, 2k, n_layer))."""
+    return [round(x) for x in torch.linspace(topk, 2 * topk, n_layer, dtype=torch.float64).tolist()]
+
+
+class KrauseAttention(Attention):
+    """
+    score_ij = -||q_i - k_j||² / (2 σ_h²)  for j in N_i, then only the top k of each row survive
+    y_i = Σ_j softmax_j(score_i) v_j       (Krause attention, seed 000 eq. 3; SPEC §1)
+
+    Bounded confidence: a token listens only to its neighbours N_i, and among them only to the k closest.
+    σ_h is learned per head (log_sigma). N_i is a causal window i - W < j <= i for the GPT, and for the ViT the
+    patches within `krause_radius` on the grid (+ CLS, which sees and is seen by all); the ViT's k grows over
+    depth from k to 2k. -||q_i||²/(2σ²) is the same for a whole row, so it changes neither the top k nor the
+    softmax and is dropped: score_ij = q_i·k_j/σ² - ||k_j||²/(2σ²). The 1-D math path works on the band
+    (O(T·W) time and memory); the official code builds the dense T×T matrix, kept here as `attend_dense`.
+    """
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        if config.krause_sigma <= 0:
+            raise ValueError(f"krause_sigma must be > 0, got {config.krause_sigma}")
+        self.log_sigma = nn.Parameter(torch.full((self.n_head,), math.log(config.krause_sigma)))
+        if config.causal:
+            W, k = config.krause_window, config.krause_topk
+            if W < 1:
+                raise ValueError(f"krause_window must be >= 1, got {W}")
+            if not 1 <= k <= W:
+                raise ValueError(f"krause_topk must be in [1, krause_window={W}], got {k}")
+            self.window, self.topk, self.grid = W, k, None
+            return
+        g = config.grid_size
+        if g < 1 or config.block_size != 1 + g * g:
+            raise ValueError(f"non-causal Krause needs a square patch grid: grid_size={g} with block_size = 1 + "
+                             f"grid_size² tokens (got block_size={config.block_size}); use it in a ViT")
+        if config.krause_metric not in ('manhattan', 'chebyshev'):
+            raise ValueError(f"krause_metric must be 'manhattan' or 'chebyshev', got '{config.krause_metric}'")
+        if config.krause_radius < 0 or config.krause_topk < 1:
+            raise ValueError(f"krause_radius must be >= 0 and krause_topk >= 1, got {config.krause_radius}, "
+                             f"{config.krause_topk}")
+        self.topk = krause_topk_schedule(config.krause_topk, config.n_layer)[layer_idx]
+        self.grid = (g, config.krause_radius, config.krause_metric)
+        self.register_buffer('neighbourhood', grid_neighbourhood(*self.grid), persistent=False)  # (N, N)
+
+    def scaled(self, q, k):
+        """q/σ² and the per-key bias -||k||²/(2σ²), so that score = (q/σ²)·k + bias: (B, H, T, D), (B, H, T)."""
+        inv_var = torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head
+        return q * inv_var, -0.5 * (k * k).sum(-1) * inv_var[..., 0]
+
+    def weights(self, scores, mask):
+        """Attention weights from RBF scores and the neighbourhood mask: top k per row, softmax, dropout.
+        Also the row thresholds (B, H, T). Dense (B, H, T, T) scores here; the 1-D band has its own below."""
+        scores = scores.masked_fill(~mask, float('-inf'))
+        threshold = kth_largest(scores, self.topk)  # (B, H, T, 1)
+        scores = scores.masked_fill(scores < threshold, float('-inf'))
+        return F.dropout(scores.softmax(-1), self.dropout, self.training), threshold[..., 0]
+
+    def band_weights(self, q, k):
+        """1-D: weights on the band (B, H, n, C, C+P) and thresholds (B, H, T); no T×T tensor."""
+        T = q.size(2)
+        W, C, P = band_layout(self.window, T)
+        q_scaled, key_bias = self.scaled(q, k)
+        scores = band_queries(q_scaled, C) @ band_keys(k, C, P).transpose(-1, -2)     # (B, H, n, C, C+P)
+        scores = scores + band_keys(key_bias.unsqueeze(-1), C, P).transpose(-1, -2)   # + each key slot's bias
+        in_window = band_mask(T, C, P, W, q.device)                                  # (n, C, C+P)
+        with torch.no_grad():  # the top k are chosen among the W slots a row can reach (keys < 0 are -inf)
+            reachable = band_strip(scores, W).masked_fill(~band_strip(in_window, W), float('-inf'))
+            threshold = kth_largest(reachable, self.topk)                            # (B, H, n, C, 1)
+            drop = (scores < threshold) | ~in_window
+        weights = F.dropout(scores.masked_fill(drop, float('-inf')).softmax(-1), self.dropout, self.training)
+        return weights, unband(threshold, T)[..., 0]
+
+    def dense_weights(self, q, k):
+        """Every (i, j) pair: (B, H, T, T) weights and (B, H, T) thresholds. The ViT's path (65 tokens)."""
+        T = q.size(2)
+        q_scaled, key_bias = self.scaled(q, k)
+        scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)  # (B, H, T, T)
+        if self.grid:
+            mask = self.neighbourhood[:T, :T]
+        else:
+            i, j = torch.arange(T, device=q.device).view(-1, 1), torch.arange(T, device=q.device)
+            mask = (j <= i) & (i - j < self.window)
+        return self.weights(scores, mask)
+
+    def attend(self, q, k, v):
+        if self.grid:
+            return self.dense_weights(q, k)[0] @ v
+        T = q.size(2)
+        W, C, P = band_layout(self.window, T)
+        weights, _ = self.band_weights(q, k)
+        return unband(weights @ band_keys(v, C, P), T)  # (B, H, T, D)
+
+    def attend_dense(self, q, k, v):
+        """The same function through a dense T×T matrix, as the official code computes it (bench.py's reference)."""
+        return self.dense_weights(q, k)[0] @ v
+
+    def attend_flex(self, q, k, v):
+        # flex computes exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask; the top k enter as a per-row
+        # threshold found by a pre-pass on the band (no gradient). A small tolerance keeps the k-th key itself
+        # when flex rounds its score differently from the pre-pass. No dropout on the weights, as for softmax.
+        T = q.size(2)
+        with torch.no_grad():
+            threshold = (self.dense_weights if self.grid else self.band_weights)(q, k)[1]  # (B, H, T)
+        threshold = threshold - 1e-5 * (1 + threshold.abs())
+        q_scaled, key_bias = self.scaled(q, k)
+
+        def krause_score(score, b, h, q_idx, kv_idx):
+            score = score + key_bias[b, h, kv_idx]
+            return torch.where(score >= threshold[b, h, q_idx], score, float('-inf'))
+
+        mask = block_mask(T, str(q.device), True, min(self.window, T)) if not self.grid else \
+            block_mask(T, str(q.device), False, 0, self.grid)
+        return run_flex(q_scaled, k, v, score_mod=krause_score, block_mask=mask, scale=1.0)
+
+
+class KrauseMixAttention(nn.Module):
+    """
+    y = g_0 · y_softmax + g_1 · y_krause,   g = softmax(Linear(2C → 2)([y_softmax, y_krause]))   per token
+
+    The Krause paper's language-model form (SPEC §1): a causal softmax branch and a Krause branch, each with its
+    own q/k/v/out projections, mixed by a learned gate that starts at 0.8 for the softmax branch.
+    """
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        if not config.causal:
+            raise ValueError("krause_mix is the language-model form (causal=True); use krause_mix=False in a ViT")
+        self.softmax = SoftmaxAttention(config, layer_idx)
+        self.krause = KrauseAttention(config, layer_idx)
+        self.gate = nn.Linear(2 * config.n_embd, 2)
+
+    def init_extra(self):
+        nn.init.normal_(self.gate.weight, std=0.01)
+        with torch.no_grad():
+            self.gate.bias.copy_(torch.tensor([math.log(0.8 / 0.2), 0.0]))  # softmax(bias) = (0.8, 0.2)
+
+    def forward(self, x):
+        y_softmax, y_krause = self.softmax(x), self.krause(x)  # (B, T, C) each
+        g = self.gate(torch.cat([y_softmax, y_krause], dim=-1)).softmax(-1)  # (B, T, 2)
+        return g[..., :1] * y_softmax + g[..., 1:] * y_krause
+
+
+def krause_attention(config, layer_idx):
+    """`attention='krause'`: pure Krause, or the paper's gated LM form when krause_mix is set."""
+    return (KrauseMixAttention if config.krause_mix else KrauseAttention)(config, layer_idx)
+
+
 ATTENTION = {
     'softmax': SoftmaxAttention,
+    'krause': krause_attention,
 }
 
 

@@ -77,26 +77,38 @@ class PeakMemory:
         return next(int(line.split()[1]) * 1024 for line in open('/proc/self/status') if line.startswith(field))
 
 
-if not is_cuda:
-    # large blocks go straight back to the OS when freed, so each case's peak starts from a clean level
-    ctypes.CDLL('libc.so.6').mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
-
-
-def timed(fn, warmup=1):
-    """Median milliseconds of fn() over `repeats` runs, and the peak memory of one run."""
+def milliseconds(fn, warmup=1):
+    """Median milliseconds of fn() over `repeats` runs."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        with PeakMemory() as mem:
-            if is_cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if is_cuda:
-                torch.cuda.synchronize()
+        if is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if is_cuda:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
-    return sorted(times)[len(times) // 2], mem.mib
+    return sorted(times)[len(times) // 2]
+
+
+def measure(cases, warmup=1):
+    """cases: [(row, fn)]. Times every case with the allocator as training runs it, then the peak memory of
+    one run each. On CPU the peaks are taken last, with large blocks going straight back to the OS when freed
+    (so each case starts from a clean level): that setting slows allocation and must not touch the times."""
+    for row, fn in cases:
+        row['ms'] = milliseconds(fn, warmup)
+    libc = None if is_cuda else ctypes.CDLL('libc.so.6')
+    if libc:
+        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
+    for row, fn in cases:
+        if libc:
+            libc.malloc_trim(0)  # hand the heap's free pages back, so they do not hide this case's peak
+        with PeakMemory() as mem:
+            fn()
+        row['peak_mib'] = mem.mib
+    return [row for row, _ in cases]
 
 
 def attention_case(module, attend, T):
@@ -129,23 +141,27 @@ def report(row):
 
 
 def bench_attention():
+    cases = []
     for T in [int(s) for s in str(seq_lens).split(',')]:
         baseline = build_attention(attention_config(attention='softmax', window=0, flex=False, causal=True,
                                                     block_size=T), 0).to(device, ptdtype)
-        base_ms, base_mib = timed(attention_case(baseline, baseline.attend, T))
-        report(dict(attention='softmax', path='sdpa', T=T, ms=base_ms, peak_mib=base_mib, vs_softmax=1.0,
-                    device=device))
+        cases.append((dict(attention='softmax', path='sdpa', T=T, device=device),
+                      attention_case(baseline, baseline.attend, T)))
         module = build_attention(attention_config(block_size=T), 0).to(device, ptdtype)
         paths = [('flex' if flex else 'math', module.attend_flex if flex else module.attend)]
         if dense and hasattr(module, 'attend_dense'):
             paths.append(('dense', module.attend_dense))
         for path, attend in paths:
-            ms, mib = timed(attention_case(module, attend, T))
-            report(dict(attention=attention, path=path, T=T, ms=ms, peak_mib=mib, vs_softmax=ms / base_ms,
-                        device=device, backward=backward and (path != 'flex' or is_cuda)))
+            cases.append((dict(attention=attention, path=path, T=T, device=device,
+                               backward=backward and (path != 'flex' or is_cuda)), attention_case(module, attend, T)))
+    rows = measure(cases)
+    base_ms = {row['T']: row['ms'] for row in rows if row['path'] == 'sdpa'}
+    for row in rows:
+        report({**row, 'vs_softmax': row['ms'] / base_ms[row['T']]})
 
 
 def bench_model():
+    cases = []
     for T in [int(s) for s in str(seq_lens).split(',')]:
         cfg = {f.name: globals()[f.name] for f in fields(GPTConfig) if f.name in globals()}
         model = GPT(GPTConfig(**{**cfg, 'block_size': T, 'vocab_size': 50304})).to(device)
@@ -154,15 +170,15 @@ def bench_model():
         ctx = torch.amp.autocast('cuda', dtype=ptdtype) if is_cuda else torch.autocast('cpu', enabled=False)
         idx = torch.randint(50257, (batch, T + 1), device=device)
 
-        def step():
+        def step(step_model=step_model, optimizer=optimizer, ctx=ctx, idx=idx):
             with ctx:
                 _, loss = step_model(idx[:, :-1], idx[:, 1:])
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        ms, mib = timed(step, warmup=2)
-        report(dict(attention=attention, path='model', T=T, ms=ms, peak_mib=mib, vs_softmax=None, device=device,
-                    tokens_per_s=batch * T / ms * 1000))
+        cases.append((dict(attention=attention, path='model', T=T, device=device), step))
+    for row in measure(cases, warmup=2):
+        report({**row, 'vs_softmax': None, 'tokens_per_s': batch * row['T'] / row['ms'] * 1000})
 
 
 if mode not in ('attention', 'model'):

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from attention import (ATTENTION, AttentionConfig, Rotary, band_keys, band_mask, band_queries, build_attention,
-                       unband)
+from attention import (ATTENTION, AttentionConfig, Rotary, band_keys, band_layout, band_mask, band_queries,
+                       band_strip, build_attention, kth_largest, unband)
 from model import GPT, GPTConfig
 
 
@@ -46,28 +46,44 @@ def test_softmax_matches_reference(T, window, causal):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
-def test_band_layout_is_linear_in_T():
-    # the band holds 2W keys per chunk of W queries: 2T keys in all, never T*T
-    T, W = 1000, 16
+@pytest.mark.parametrize('C,P', [(16, 16), (4, 16), (16, 32)])
+def test_band_layout_is_linear_in_T(C, P):
+    # the band holds C+P keys per chunk of C queries: (1 + P/C)·T keys in all, never T*T
+    T = 1000
     x = torch.randn(1, 1, T, 4)
-    assert band_keys(x, W).shape == (1, 1, math.ceil(T / W), 2 * W, 4)
-    assert band_queries(x, W).shape == (1, 1, math.ceil(T / W), W, 4)
-    assert band_mask(T, W, W, torch.device('cpu')).shape == (math.ceil(T / W), W, 2 * W)
-    torch.testing.assert_close(unband(band_queries(x, W), T), x)
-    # band slot s of chunk c is key c*W - W + s
-    keys = torch.arange(T, dtype=torch.float32).view(1, 1, T, 1)
-    c, s = 5, 3
-    assert band_keys(keys, W)[0, 0, c, s, 0].item() == c * W - W + s
+    n = math.ceil(T / C)
+    assert band_keys(x, C, P).shape == (1, 1, n, C + P, 4)
+    assert band_queries(x, C).shape == (1, 1, n, C, 4)
+    assert band_mask(T, C, P, P, torch.device('cpu')).shape == (n, C, C + P)
+    torch.testing.assert_close(unband(band_queries(x, C), T), x)
+    # band slot s of chunk c is key c*C - P + s (zero before the sequence)
+    keys = torch.arange(1, T + 1, dtype=torch.float32).view(1, 1, T, 1)
+    for c, s in [(5, 3), (0, P - 1), (0, P), (n - 1, C + P - 1), (7, C + P - 1)]:
+        position = c * C - P + s
+        assert band_keys(keys, C, P)[0, 0, c, s, 0].item() == (position + 1 if 0 <= position < T else 0)
 
 
-def test_band_mask_is_exactly_the_window():
-    T, W = 23, 5
-    mask = band_mask(T, W, W, torch.device('cpu'))
+@pytest.mark.parametrize('T,window', [(23, 5), (23, 3), (200, 100), (50, 64), (130, 70)])
+def test_band_mask_and_strip_are_exactly_the_window(T, window):
+    W, C, P = band_layout(window, T)
+    assert W == min(window, T) and P >= W and P % C == 0
+    mask = band_mask(T, C, P, W, torch.device('cpu'))
     for c in range(mask.size(0)):
-        for r in range(W):
-            for s in range(2 * W):
-                i, j = c * W + r, c * W - W + s
-                assert mask[c, r, s].item() == (0 <= j <= i and i - j < W)
+        for r in range(C):
+            i = c * C + r
+            visible = [s for s in range(C + P) if 0 <= c * C - P + s <= i and i - (c * C - P + s) < window]
+            assert mask[c, r].nonzero().flatten().tolist() == visible
+    strip = band_strip(mask, W)  # (n, C, W): the slots of keys i-W+1 .. i
+    assert torch.equal(strip.sum(-1), mask.sum(-1))  # every visible slot is in the strip
+
+
+def test_kth_largest():
+    x = torch.tensor([[3.0, -1.0, 7.0, 5.0], [float('-inf'), 2.0, float('-inf'), float('-inf')]])
+    assert kth_largest(x, 2).flatten().tolist() == [5.0, float('-inf')]  # row 2 has fewer than 2 finite values
+    assert kth_largest(x, 1).flatten().tolist() == [7.0, 2.0]
+    assert kth_largest(x, 9).flatten().tolist() == [-1.0, float('-inf')]  # k beyond the row: its smallest
+    y = torch.randn(6, 37, dtype=torch.float64)
+    torch.testing.assert_close(kth_largest(y, 11), y.topk(11, -1).values[:, -1:])
 
 
 def test_rope_preserves_norm_and_depends_on_offsets_only():

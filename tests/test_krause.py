@@ -1,0 +1,176 @@
+"""Krause attention against a slow reference written straight from SPEC §1: explicit per-pair distances,
+a per-row sort, a softmax over the survivors. Float64, forward and gradients (q, k, v, log σ)."""
+import math
+
+import pytest
+import torch
+
+from attention import AttentionConfig, build_attention, grid_neighbourhood, krause_topk_schedule
+from model import GPT, GPTConfig
+
+
+def krause_reference(q, k, v, sigma, visible, topk):
+    """y_i = Σ_{j kept} softmax(-||q_i - k_j||² / 2σ²) v_j, kept = the top-k of the visible j (all if fewer)."""
+    B, H, T, D = q.shape
+    rows = []
+    for i in range(T):
+        js = visible(i)
+        per_head = []
+        for h in range(H):
+            scores = torch.stack([-((q[:, h, i] - k[:, h, j]) ** 2).sum(-1) / (2 * sigma[h] ** 2) for j in js], -1)
+            out = []
+            for b in range(B):
+                order = sorted(range(len(js)), key=lambda n: -scores[b, n].item())[:topk]  # a per-row sort
+                weights = torch.softmax(scores[b, order], -1)
+                out.append(sum(w * v[b, h, js[n]] for w, n in zip(weights, order)))
+            per_head.append(torch.stack(out))  # (B, D)
+        rows.append(torch.stack(per_head, 1))   # (B, H, D)
+    return torch.stack(rows, 2)                 # (B, H, T, D)
+
+
+def make(T, layer_idx=0, **kw):
+    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='krause'), **kw})
+    attn = build_attention(cfg, layer_idx).double()
+    with torch.no_grad():  # a different σ per head, so a mix-up of heads would show
+        attn.log_sigma.copy_(torch.log(torch.tensor([0.7, 1.3, 2.5], dtype=torch.float64)))
+    return attn
+
+
+def qkv(T, B=2, H=3, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+
+
+def check_against_reference(attn, T, visible, topk):
+    q, k, v = qkv(T)
+    y = attn.attend(q, k, v)
+    ref = krause_reference(q, k, v, attn.log_sigma.exp(), visible, topk)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(y)
+    inputs = (q, k, v, attn.log_sigma)
+    grads = torch.autograd.grad(y, inputs, g)
+    grads_ref = torch.autograd.grad(ref, inputs, g)
+    for name, a, b in zip('q k v log_sigma'.split(), grads, grads_ref):
+        if topk > 1:  # (with one key per row the weights are all 1: only v has a gradient)
+            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f'gradient of {name}')
+
+
+# (T, W, k): windows longer than the sequence, W = 1, T not a multiple of W, and early rows with < k keys
+@pytest.mark.parametrize('T,W,k', [(13, 4, 2), (16, 4, 4), (21, 8, 5), (5, 8, 3), (9, 1, 1), (30, 16, 12)])
+def test_1d_matches_reference(T, W, k):
+    attn = make(T, krause_window=W, krause_topk=k)
+    check_against_reference(attn, T, lambda i: [j for j in range(T) if i - W < j <= i], k)
+
+
+@pytest.mark.parametrize('grid,radius,metric,layer_idx,n_layer', [
+    (4, 1, 'manhattan', 0, 12),    # official CIFAR neighbourhood, k = 2
+    (4, 1, 'manhattan', 11, 12),   # last layer, k = 4
+    (5, 2, 'chebyshev', 5, 12),    # official ImageNet neighbourhood (5x5), k = 11 at layer 5 of k = 8
+    (3, 0, 'manhattan', 0, 2),     # a patch sees only itself and CLS: fewer keys than k
+])
+def test_2d_matches_reference(grid, radius, metric, layer_idx, n_layer):
+    T = 1 + grid * grid
+    k0 = 8 if metric == 'chebyshev' else 2
+    attn = make(T, layer_idx, causal=False, grid_size=grid, krause_radius=radius, krause_metric=metric,
+                krause_topk=k0, n_layer=n_layer)
+    topk = krause_topk_schedule(k0, n_layer)[layer_idx]
+    assert attn.topk == topk
+
+    def visible(i):  # CLS (0) sees all and is seen by all; patches by grid distance
+        if i == 0:
+            return list(range(T))
+        ri, ci = divmod(i - 1, grid)
+        near = [1 + r * grid + c for r in range(grid) for c in range(grid)
+                if (abs(r - ri) + abs(c - ci) if metric == 'manhattan' else max(abs(r - ri), abs(c - ci))) <= radius]
+        return [0] + near
+    check_against_reference(attn, T, visible, topk)
+
+
+def test_grid_neighbourhood_counts():
+    m = grid_neighbourhood(8, 1, 'manhattan')  # official CIFAR: 8x8 patches + CLS
+    assert m.shape == (65, 65) and m[0].all() and m[:, 0].all()
+    assert m[1 + 3 * 8 + 3].sum() == 1 + 5            # an inner patch: CLS + itself + 4 neighbours
+    assert m[1].sum() == 1 + 3                         # a corner patch: CLS + itself + 2
+    assert grid_neighbourhood(8, 2, 'chebyshev')[1 + 3 * 8 + 3].sum() == 1 + 25  # a 5x5 square
+
+
+def test_vit_topk_schedule():
+    assert krause_topk_schedule(2, 12) == [2, 2, 2, 3, 3, 3, 3, 3, 3, 4, 4, 4]
+    assert krause_topk_schedule(8, 12) == [8, 9, 9, 10, 11, 12, 12, 13, 14, 15, 15, 16]
+
+
+def test_dense_form_equals_band():
+    T = 40
+    attn = make(T, krause_window=8, krause_topk=5)
+    q, k, v = qkv(T)
+    torch.testing.assert_close(attn.attend_dense(q, k, v), attn.attend(q, k, v), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(krause_mix=True), dict(pos_emb='rope')])
+def test_gpt_is_causal(kw):
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='krause',
+                    krause_window=8, krause_topk=4, **kw)
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 11, (2, 40))
+    changed = idx.clone()
+    changed[:, 21:] = (changed[:, 21:] + 1) % 11
+    with torch.no_grad():
+        a, _ = model(idx, idx)
+        b, _ = model(changed, changed)
+    assert torch.equal(a[:, :21], b[:, :21])
+    assert not torch.equal(a[:, 21:], b[:, 21:])
+
+
+@pytest.mark.parametrize('T,W,k', [(200, 32, 16), (150, 256, 192), (64, 8, 8)])
+def test_flex_forward_equals_math_1d(T, W, k):
+    attn = make(T, krause_window=W, krause_topk=k).float()
+    q, k_, v = (t.detach().float() for t in qkv(T))
+    with torch.no_grad():
+        torch.testing.assert_close(attn.attend_flex(q, k_, v), attn.attend(q, k_, v), atol=1e-5, rtol=1e-5)
+
+
+def test_flex_forward_equals_math_2d():
+    attn = make(65, 11, causal=False, grid_size=8, krause_topk=2, n_layer=12).float()
+    q, k, v = (t.detach().float() for t in qkv(65))
+    with torch.no_grad():
+        torch.testing.assert_close(attn.attend_flex(q, k, v), attn.attend(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_mix_gate_starts_at_point_eight_and_mixes_per_token():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause',
+                          krause_mix=True, krause_window=4, krause_topk=2))
+    mix = model.transformer.h[0].attn
+    assert mix.gate.bias.softmax(-1).tolist() == pytest.approx([0.8, 0.2])
+    assert 0 < mix.gate.weight.std().item() < 0.02  # N(0, 0.01), not the Linears' N(0, 0.02)
+    x = torch.randn(2, 12, 16)
+    y_softmax, y_krause = mix.softmax(x), mix.krause(x)
+    logits = torch.cat([y_softmax, y_krause], -1) @ mix.gate.weight.T + mix.gate.bias
+    g = logits.softmax(-1)
+    torch.testing.assert_close(mix(x), g[..., :1] * y_softmax + g[..., 1:] * y_krause)
+    assert 'krause.log_sigma' in dict(mix.named_parameters())
+
+
+def test_sigma_is_learned_per_head():
+    attn = make(10, krause_window=4, krause_topk=2, krause_sigma=2.5)
+    assert attn.log_sigma.shape == (3,)
+    fresh = build_attention(AttentionConfig(n_embd=24, n_head=3, attention='krause', krause_sigma=2.5), 0)
+    torch.testing.assert_close(fresh.log_sigma.exp(), torch.full((3,), 2.5))
+
+
+@pytest.mark.parametrize('kw,match', [
+    (dict(krause_topk=0), 'krause_topk must be in'),
+    (dict(krause_topk=9, krause_window=8), 'krause_topk must be in'),
+    (dict(krause_window=0), 'krause_window must be >= 1'),
+    (dict(krause_sigma=0.0), 'krause_sigma must be > 0'),
+    (dict(causal=False, grid_size=8, block_size=65, krause_metric='euclid'), "krause_metric must be 'manhattan'"),
+    (dict(causal=False, grid_size=8, block_size=50), 'square patch grid'),
+    (dict(causal=False, grid_size=0, block_size=64), 'square patch grid'),
+    (dict(causal=False, grid_size=8, block_size=65, krause_mix=True), 'krause_mix is the language-model form'),
+])
+def test_bad_settings_fail_at_construction(kw, match):
+    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, attention='krause'), **kw})
+    with pytest.raises(ValueError, match=match):
+        build_attention(cfg, 0)
