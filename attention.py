@@ -141,9 +141,26 @@ def band_queries(x, C):  # (B, H, T, D) -> (B, H, n, C, D), zero-padded to n·C 
 def band_keys(x, C, P):  # (B, H, T, D) -> (B, H, n, C+P, D)
     B, H, T, D = x.shape
     n = -(-T // C)
-    x = F.pad(x, (0, 0, P, n * C - T)).view(B, H, n + P // C, C, D)  # P zero keys in front: chunk 0 looks back
-    # chunk c's keys are the P/C chunks before it and itself; a cat of shifted views (unfold's backward is slow)
-    return torch.cat([x[:, :, j:j + n] for j in range(P // C + 1)], dim=3)
+    chunks = F.pad(x, (0, 0, P, n * C - T)).view(B, H, n + P // C, C, D)  # P zero keys in front: chunk 0 looks back
+    return ShiftedChunks.apply(chunks, P // C + 1)
+
+
+class ShiftedChunks(torch.autograd.Function):
+    """(B, H, n+m-1, C, D) -> (B, H, n, m·C, D): chunk c followed by the next m-1, for every c (a cat of m shifted
+    views). Autograd would give each shifted view its own full-size gradient; backward sums them into one."""
+
+    @staticmethod
+    def forward(ctx, chunks, m):
+        ctx.m, ctx.shape = m, chunks.shape
+        n = chunks.size(2) - m + 1
+        return torch.cat([chunks[:, :, j:j + n] for j in range(m)], dim=3)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_chunks, n = grad.new_zeros(ctx.shape), grad.size(2)
+        for j, grad_shift in enumerate(grad.chunk(ctx.m, dim=3)):
+            grad_chunks[:, :, j:j + n] += grad_shift
+        return grad_chunks, None
 
 
 @lru_cache(maxsize=64)
@@ -313,13 +330,15 @@ class KrauseAttention(Attention):
         inv_var = torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head
         return q * inv_var, -0.5 * (k * k).sum(-1) * inv_var[..., 0]
 
-    def weights(self, scores, mask):
-        """Attention weights from RBF scores and the neighbourhood mask: top k per row, softmax, dropout.
-        Also the row thresholds (B, H, T). Dense (B, H, T, T) scores here; the 1-D band has its own below."""
-        scores = scores.masked_fill(~mask, float('-inf'))
-        threshold = kth_largest(scores, self.topk)  # (B, H, T, 1)
-        scores = scores.masked_fill(scores < threshold, float('-inf'))
-        return F.dropout(scores.softmax(-1), self.dropout, self.training), threshold[..., 0]
+    def weights(self, scores, mask, reachable=None):
+        """Attention weights and per-row thresholds (..., 1) from fresh RBF scores and the neighbourhood mask:
+        the top k of each row (chosen among `reachable(scores)`, a view of the slots a row can reach, if given),
+        softmax, dropout. The masks go in place and outside autograd: softmax gives -inf slots zero gradient."""
+        with torch.no_grad():
+            scores.masked_fill_(~mask, float('-inf'))
+            threshold = kth_largest(scores if reachable is None else reachable(scores), self.topk)
+            scores.masked_fill_(scores < threshold, float('-inf'))
+        return F.dropout(scores.softmax(-1), self.dropout, self.training), threshold
 
     def band_weights(self, q, k):
         """1-D: weights on the band (B, H, n, C, C+P) and thresholds (B, H, T); no T×T tensor."""
@@ -328,12 +347,7 @@ class KrauseAttention(Attention):
         q_scaled, key_bias = self.scaled(q, k)
         scores = band_queries(q_scaled, C) @ band_keys(k, C, P).transpose(-1, -2)     # (B, H, n, C, C+P)
         scores = scores + band_keys(key_bias.unsqueeze(-1), C, P).transpose(-1, -2)   # + each key slot's bias
-        in_window = band_mask(T, C, P, W, q.device)                                  # (n, C, C+P)
-        with torch.no_grad():  # the top k are chosen among the W slots a row can reach (keys < 0 are -inf)
-            reachable = band_strip(scores, W).masked_fill(~band_strip(in_window, W), float('-inf'))
-            threshold = kth_largest(reachable, self.topk)                            # (B, H, n, C, 1)
-            drop = (scores < threshold) | ~in_window
-        weights = F.dropout(scores.masked_fill(drop, float('-inf')).softmax(-1), self.dropout, self.training)
+        weights, threshold = self.weights(scores, band_mask(T, C, P, W, q.device), lambda s: band_strip(s, W))
         return weights, unband(threshold, T)[..., 0]
 
     def dense_weights(self, q, k):
@@ -346,7 +360,8 @@ class KrauseAttention(Attention):
         else:
             i, j = torch.arange(T, device=q.device).view(-1, 1), torch.arange(T, device=q.device)
             mask = (j <= i) & (i - j < self.window)
-        return self.weights(scores, mask)
+        weights, threshold = self.weights(scores, mask)
+        return weights, threshold[..., 0]
 
     def attend(self, q, k, v):
         if self.grid:

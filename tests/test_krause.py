@@ -174,3 +174,16 @@ def test_bad_settings_fail_at_construction(kw, match):
     cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, attention='krause'), **kw})
     with pytest.raises(ValueError, match=match):
         build_attention(cfg, 0)
+
+
+def test_train_py_learns_recall_with_krause(tmp_path):
+    from conftest import iter_losses, run_script
+    log = run_script('train.py', '--attention=krause', '--krause_window=32', '--krause_topk=8', '--n_layer=2',
+                     '--n_head=2', '--n_embd=32', '--batch_size=32', '--eval_iters=2', '--log_interval=1',
+                     '--warmup_iters=2', '--compile=False', '--device=cpu', '--max_iters=40', '--eval_interval=40',
+                     '--learning_rate=3e-3', f'--data_dir={tmp_path / "recall"}', f'--out_dir={tmp_path / "out"}')
+    losses = iter_losses(log)
+    assert losses[40] < losses[0] - 0.5
+    checkpoint = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)
+    sigma = checkpoint['model']['transformer.h.0.attn.log_sigma'].exp()
+    assert sigma.shape == (2,) and not torch.allclose(sigma, torch.full((2,), 2.5))  # σ was trained
