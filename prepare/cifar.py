@@ -50,13 +50,20 @@ def decode(split, label_col, desc):
     return x, np.asarray(split[label_col], dtype=np.int64)
 
 def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
-    # check everything cheap first, so a bad call fails before any decoding or writing
+    # check everything cheap first, so a bad call fails before any decoding or writing; returns at once (the
+    # meta) when data_dir already holds this dataset
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
     if label not in ('fine', 'coarse') or (dataset == 'cifar10' and label != 'fine'):
         raise ValueError(f"label={label!r}: 'fine' or 'coarse' for cifar100, 'fine' for cifar10")
     label_col = 'label' if dataset == 'cifar10' else f'{label}_label'
     data_dir = Path(data_dir) if data_dir else Path(__file__).resolve().parents[1] / 'data' / dataset
+    if (data_dir / 'meta.json').is_file():  # written last, so the arrays are complete: nothing to do
+        meta = json.loads((data_dir / 'meta.json').read_text())
+        if (meta.get('dataset'), meta.get('label')) != (dataset, label_col):
+            raise ValueError(f"{data_dir} already holds {meta.get('dataset')} ({meta.get('label')}), not {dataset} "
+                             f"({label_col}); pass another data_dir, or delete that one to prepare it again")
+        return meta
     ds = load(dataset, source, label_col)
     for split in SPLITS.values():
         if missing := {'img', label_col} - set(ds[split].column_names):
