@@ -1,8 +1,40 @@
-"""The ViT (vit.py): position is only known through the position embedding; shapes, losses, bad sizes."""
+"""The ViT (vit.py) and train.py's image path: position is only known through the position embedding, bad settings
+fail early and clearly, a tiny CIFAR-shaped dataset trains, resume is exact with all the augmentations on, and two
+DDP processes train as one. (Augmentation itself is checked against references in test_cifar.py.) Offline, ~40 s."""
+import json
+import re
+
+import numpy as np
 import pytest
 import torch
 
+from conftest import iter_losses, run_script
 from vit import ViT, ViTConfig
+
+TINY = ['config/softmax_vit.py', '--n_layer=2', '--n_head=2', '--n_embd=32', '--batch_size=16', '--eval_iters=2',
+        '--log_interval=1', '--warmup_iters=2', '--compile=False', '--device=cpu']
+
+
+def write_prepared(folder, n_train=512, n_val=128, num_classes=10):
+    """A dataset as prepare/cifar.py writes it: images whose red level and noise depend on the class."""
+    folder.mkdir()
+    for split, n, seed in (('train', n_train, 0), ('val', n_val, 1)):
+        rng = np.random.default_rng(seed)
+        y = rng.integers(0, num_classes, n)
+        x = rng.integers(0, 64, (n, 32, 32, 3)).astype(np.uint8)
+        x[..., 0] += (y * 19).astype(np.uint8)[:, None, None]
+        np.save(folder / f'{split}_x.npy', x)
+        np.save(folder / f'{split}_y.npy', y.astype(np.int64))
+    meta = {'kind': 'image', 'dataset': 'cifar10', 'num_classes': num_classes, 'classes': [],
+            'counts': {'train': n_train, 'val': n_val}, 'source': 'test', 'label': 'label'}
+    (folder / 'meta.json').write_text(json.dumps(meta))
+    return folder
+
+
+@pytest.fixture(scope='module')
+def tiny_cifar(tmp_path_factory):
+    return write_prepared(tmp_path_factory.mktemp('cifar') / 'data')
+
 
 # ----------------------------------------------------------------------------- the model
 
@@ -48,3 +80,60 @@ def test_patch_size_must_divide_the_image():
         ViTConfig(patch_size=5)
     with pytest.raises(ValueError, match="pos_emb must be 'learned'"):
         ViTConfig(pos_emb='rope')
+
+
+# ----------------------------------------------------------------------------- train.py
+
+@pytest.mark.parametrize('args,message', [
+    # checked before any data work: the cifar100 request would otherwise fail on the cifar10 folder first
+    (['--patch_size=5', '--dataset=cifar100'], r"^error: patch_size=5 does not divide img_size=32; use one of"),
+    (['--num_classes=100'], r"^error: num_classes=100 but .* holds 10 classes \(cifar10\); set num_classes=0"),
+])
+def test_bad_image_settings_are_one_clear_line(args, message, tiny_cifar, tmp_path):
+    log = run_script('train.py', *TINY, f'--data_dir={tiny_cifar}', f'--out_dir={tmp_path}', *args, check=False)
+    assert re.search(message, log, re.M), log[-2000:]
+    assert 'Traceback' not in log and 'step 0' not in log
+
+
+def eval_lines(log):
+    return {int(n): (float(loss), float(acc)) for n, loss, acc in
+            re.findall(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+), val acc ([\d.]+)$", log, re.M)}
+
+
+def test_learns_and_resumes_exactly_with_every_augmentation(tiny_cifar, tmp_path):
+    # config/softmax_vit.py turns on crop, flip, MixUp/CutMix, label smoothing and drop-path: all must replay
+    common = [*TINY, f'--data_dir={tiny_cifar}', '--dropout=0.1', '--eval_interval=20', '--eval_iters=8',
+              '--max_iters=60', '--lr_decay_iters=60', '--learning_rate=3e-3']
+    straight_log = run_script('train.py', *common, f'--out_dir={tmp_path / "a"}')
+    assert 'images per iteration will be: 16' in straight_log
+    assert re.search(r"^iter 1: loss [\d.]+, time [\d.]+ms, [\d,]+ images/s$", straight_log, re.M)
+    evals = eval_lines(straight_log)
+    assert sorted(evals) == [0, 20, 40, 60]
+    assert evals[0][0] == pytest.approx(np.log(10), abs=0.1)  # chance at init
+    assert evals[60][0] < evals[0][0] - 0.3 and evals[60][1] > 0.15  # it learns (chance is 0.1) through the mixing
+    run_script('train.py', *common, f'--out_dir={tmp_path / "b"}', '--max_iters=40')
+    resumed_log = run_script('train.py', *common, f'--out_dir={tmp_path / "b"}', '--init_from=resume')
+    straight, resumed = iter_losses(straight_log), iter_losses(resumed_log)
+    assert min(resumed) == 40 and max(resumed) == 60
+    assert {i: straight[i] for i in resumed} == resumed
+    assert len(set(straight.values())) > 50  # the losses are real and differ from step to step
+    final = re.search(r"^step 60: .*$", straight_log, re.M).group()
+    assert re.search(r"^step 60: .*$", resumed_log, re.M).group() == final
+    # the checkpoint evaluates as it trained, and sample.py sends it there instead of sampling text from it
+    evaluated = run_script('train.py', *common, f'--out_dir={tmp_path / "b"}', '--init_from=resume', '--eval_only=True')
+    assert re.search(r"^step 60: .*$", evaluated, re.M).group() == final
+    log = run_script('sample.py', f'--out_dir={tmp_path / "b"}', '--device=cpu', check=False)
+    assert 'holds a ViT image classifier (cifar10)' in log and '--eval_only=True' in log and 'Traceback' not in log
+
+
+def test_ddp_two_processes_equal_one_with_augmentation(tiny_cifar, tmp_path):
+    # each micro-batch's augmentation seed comes from the shared data generator, so the split does not matter
+    # (drop-path off: it draws from each process's own RNG, by design)
+    common = [*TINY, f'--data_dir={tiny_cifar}', '--max_iters=4', '--eval_interval=4', '--eval_iters=4',
+              '--gradient_accumulation_steps=2', '--drop_path=0', '--learning_rate=3e-3']
+    one = run_script('train.py', *common, f'--out_dir={tmp_path / "one"}')
+    two = run_script('train.py', *common, f'--out_dir={tmp_path / "two"}',
+                     launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+    pattern = r"^step 4: train loss ([\d.]+), val loss ([\d.]+), val acc ([\d.]+)$"
+    a, b = re.search(pattern, one, re.M).groups(), re.search(pattern, two, re.M).groups()
+    assert [float(v) for v in a] == pytest.approx([float(v) for v in b], abs=2e-4)
