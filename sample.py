@@ -46,9 +46,10 @@ def load_gpt(ckpt_path, device):
     except Exception as e:
         raise SystemExit(f"error: cannot read checkpoint {ckpt_path} ({type(e).__name__}); it is corrupt or not ours")
     if checkpoint['meta'].get('kind') == 'image':
-        raise SystemExit(f"error: {ckpt_path} holds an image classifier ({checkpoint['config']['dataset']}); sample.py "
-                         f"generates text from a GPT. Evaluate it with: python train.py --init_from=resume "
-                         f"--out_dir={out_dir} --eval_only=True")
+        raise SystemExit(f"error: {ckpt_path} holds a ViT image classifier ({checkpoint['config']['dataset']}); "
+                         f"sample.py generates text from a GPT. Evaluate it with train.py and the config it was "
+                         f"trained with, e.g.: python train.py config/softmax_vit.py "
+                         f"--out_dir={os.path.dirname(ckpt_path)} --init_from=resume --eval_only=True")
     model = GPT(GPTConfig(**checkpoint['model_args']))
     model.load_state_dict(checkpoint['model'])
     return model, checkpoint['meta']

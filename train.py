@@ -1,8 +1,11 @@
 """
-Train a GPT with any attention rule: nanoGPT's train.py, extended.
+Train a GPT (text) or a ViT (images) with any attention rule: nanoGPT's train.py, extended.
 
 With no arguments it trains a small GPT on multi-query associative recall, offline, on a CPU, in minutes:
 $ python train.py
+
+A ViT on CIFAR-10 (an image dataset picks the ViT; augmentation runs on the device):
+$ python train.py config/softmax_vit.py
 
 A config file, then single overrides:
 $ python train.py config/shakespeare_char.py --device=cpu --compile=False
@@ -24,8 +27,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from attention import AttentionConfig, check_attention_name
+from augment import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, mixup_cutmix, normalize,
+                     one_hot_smooth, random_crop, random_flip)
 from model import GPT, GPTConfig
 from prepare import check_dataset_name, dataset_kind, prepare_dataset
+from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
 # default config values: a 2-layer GPT learning multi-query associative recall, offline, on a CPU
@@ -59,6 +65,15 @@ flex = False                # flex_attention path on CUDA
 pos_emb = 'learned'         # 'learned' or 'rope'
 mlp_hidden = 0              # 0 means 4 * n_embd
 tie_weights = True
+drop_path = 0.0             # stochastic depth of the last block, linear from 0 at the first (the ViT recipes)
+# images (ViT): a dataset of kind 'image' trains a ViT; training batches are augmented on the device
+patch_size = 4              # must divide the 32-pixel image side
+num_classes = 0             # 0: from the prepared dataset's meta.json; else checked against it
+augment = True              # random crop of the 4-pixel zero-padded image, and horizontal flip
+mixup_alpha = 0.0           # MixUp with lam ~ Beta(a, a); 0 disables
+cutmix_alpha = 0.0          # CutMix with lam ~ Beta(a, a); 0 disables
+cutmix_prob = 0.8           # with both on, CutMix on this fraction of batches and MixUp on the rest
+label_smoothing = 0.0
 # AdamW
 learning_rate = 1e-3
 max_iters = 600
@@ -101,6 +116,16 @@ if init_from not in ('scratch', 'resume'):
     fail(f"init_from must be 'scratch' or 'resume', got '{init_from}'")
 kind = dataset_kind(dataset)
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
+# the model: a ViT for images, a GPT otherwise; its settings are checked now, the sizes from the data come later
+ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
+model_args = {f.name: globals()[f.name] for f in fields(ModelConfig) if f.init and f.name in globals()}
+try:
+    ModelConfig(**model_args)
+except ValueError as e:
+    fail(e)
+if not 0.0 <= label_smoothing < 1.0 or mixup_alpha < 0 or cutmix_alpha < 0 or not 0.0 <= cutmix_prob <= 1.0:
+    fail(f"need 0 <= label_smoothing < 1, mixup_alpha >= 0, cutmix_alpha >= 0 and 0 <= cutmix_prob <= 1; got "
+         f"{label_smoothing}, {mixup_alpha}, {cutmix_alpha}, {cutmix_prob}")
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
@@ -117,9 +142,11 @@ else:
     ddp_rank, ddp_local_rank, ddp_world_size = 0, 0, 1
 master_process = ddp_rank == 0
 local_accum_steps = gradient_accumulation_steps // ddp_world_size
-tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+samples_per_iter = gradient_accumulation_steps * batch_size
+tokens_per_iter = samples_per_iter * block_size
 if master_process:
-    print(f"tokens per iteration will be: {tokens_per_iter:,}")
+    print(f"images per iteration will be: {samples_per_iter:,}" if kind == 'image' else
+          f"tokens per iteration will be: {tokens_per_iter:,}")
     os.makedirs(out_dir, exist_ok=True)
 torch.manual_seed(seed + ddp_rank)  # dropout differs between processes
 torch.backends.cuda.matmul.allow_tf32 = True
@@ -140,6 +167,17 @@ if master_process:
 if ddp:
     dist.barrier()
 meta = json.load(open(os.path.join(data_dir, 'meta.json')))
+if kind == 'image':
+    if num_classes and num_classes != meta['num_classes']:
+        fail(f"num_classes={num_classes} but {data_dir} holds {meta['num_classes']} classes ({meta['dataset']}); "
+             f"set num_classes=0 to take it from the data, or check dataset and data_dir")
+    model_args['num_classes'] = meta['num_classes']
+    # the whole dataset lives on the device as uint8 (CIFAR: 180 MB); a batch is an index into it
+    images = {split: tuple(torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_{name}.npy'))).to(device)
+                           for name in 'xy') for split in ('train', 'val')}
+    image_stats = (CIFAR100_MEAN, CIFAR100_STD) if dataset == 'cifar100' else (CIFAR10_MEAN, CIFAR10_STD)
+else:
+    model_args['vocab_size'] = meta['vocab_size'] if meta['encoding'] != 'gpt2' else 50304  # 50257 padded for speed
 
 
 def split_size(split):
@@ -149,8 +187,26 @@ def split_size(split):
     return len(np.load(os.path.join(data_dir, f'{split}_y.npy'), mmap_mode='r'))
 
 
-def load_batch(split, ix):
+def image_batch(split, ix, augment_seed=None):
+    """Rows ix as normalised images (B, 3, 32, 32) and labels (B,). A training batch (augment_seed given) is
+    augmented on the device; with MixUp/CutMix or label smoothing its labels become soft targets (B, K)."""
+    x, y = (t[ix.to(device)] for t in images[split])  # (B, 32, 32, 3) uint8, (B,)
+    if augment_seed is None:
+        return normalize(x, *image_stats), y
+    generator = torch.Generator(device).manual_seed(augment_seed)
+    if augment:
+        x = random_flip(random_crop(x, 4, generator), generator)
+    x = normalize(x, *image_stats)
+    if mixup_alpha > 0 or cutmix_alpha > 0 or label_smoothing > 0:
+        y = one_hot_smooth(y, model_args['num_classes'], label_smoothing)
+        x, y = mixup_cutmix(x, y, mixup_alpha, cutmix_alpha, cutmix_prob, generator)
+    return x, y
+
+
+def load_batch(split, ix, augment_seed=None):
     """Rows ix of a split as (x, y) on the device; y is -1 where there is nothing to predict."""
+    if kind == 'image':
+        return image_batch(split, ix, augment_seed)
     if kind == 'text':
         # a fresh memmap per batch, as nanoGPT does, avoids a memory leak over long runs
         data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
@@ -171,23 +227,24 @@ if min(sizes.values()) < 1:
 
 
 def iteration_rows(split, generator, steps):
-    """The rows of one optimizer step for this process: every process draws the same global batch from the
-    same generator and takes its own micro-batches, so N processes see what one process would see."""
-    ix = torch.randint(sizes[split], (ddp_world_size * steps, batch_size), generator=generator)
-    return ix[ddp_rank * steps:(ddp_rank + 1) * steps]
+    """The (rows, augmentation seed) of each micro-batch of one optimizer step for this process: every process
+    draws the same global batch from the same generator and takes its own micro-batches, so N processes see
+    what one process would see. Only images draw seeds (after the rows: text batches are as they always were)."""
+    n = ddp_world_size * steps
+    ix = torch.randint(sizes[split], (n, batch_size), generator=generator)
+    seeds = torch.randint(2 ** 62, (n,), generator=generator).tolist() if kind == 'image' else [None] * n
+    mine = slice(ddp_rank * steps, (ddp_rank + 1) * steps)
+    return list(zip(ix[mine], seeds[mine]))
 
 
 train_generator = torch.Generator().manual_seed(seed)  # its state is the data position; checkpointed
 
 # -----------------------------------------------------------------------------
-# model: the seam for a second model kind is build_model
-vocab_size = meta['vocab_size'] if meta['encoding'] != 'gpt2' else 50304  # GPT-2's 50257 padded for speed
-model_args = {f.name: globals()[f.name] for f in fields(GPTConfig) if f.name in globals()}
-model_args['vocab_size'] = vocab_size
+# model: a GPT or a ViT (Model and ModelConfig chosen by the kind of data, above)
 
 
 def build_model(model_args):
-    return GPT(GPTConfig(**model_args))
+    return Model(ModelConfig(**model_args))
 
 
 iter_num, best_val_loss, checkpoint = 0, 1e9, None
@@ -315,7 +372,7 @@ gpu_peak_flops = peak_flops()
 
 
 if hellaswag:
-    if meta['encoding'] != 'gpt2':
+    if meta.get('encoding') != 'gpt2':
         fail(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {dataset}")
     import hellaswag as hellaswag_eval
     try:
@@ -362,8 +419,8 @@ while True:
         break
 
     # forward backward update, with gradient accumulation; gradients are all-reduced on the last micro-step only
-    for micro_step, ix in enumerate(iteration_rows('train', train_generator, local_accum_steps)):
-        X, Y = load_batch('train', ix)
+    for micro_step, (ix, augment_seed) in enumerate(iteration_rows('train', train_generator, local_accum_steps)):
+        X, Y = load_batch('train', ix, augment_seed)
         sync = ddp and micro_step == local_accum_steps - 1
         with (model.no_sync() if ddp and not sync else nullcontext()), ctx:
             logits, loss = model(X, Y)
@@ -386,7 +443,8 @@ while True:
             fail(f"loss is {lossf} at iteration {iter_num}; stopped, the last good checkpoint is kept in "
                  f"{ckpt_path}; lower learning_rate, or raise warmup_iters or grad_clip")
         if master_process:
-            extra = f", {tokens_per_iter / dt:,.0f} tok/s"
+            rate = f"{samples_per_iter / dt:,.0f} images/s" if kind == 'image' else f"{tokens_per_iter / dt:,.0f} tok/s"
+            extra = f", {rate}"
             if gpu_peak_flops and iter_num >= start_iter + 5:  # let the training loop settle a bit
                 mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, gpu_peak_flops)
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu

@@ -11,7 +11,6 @@ import json
 import os
 from pathlib import Path
 
-import datasets
 import numpy as np
 from PIL import Image
 from tqdm import tqdm
@@ -25,6 +24,7 @@ def expected_format(dataset, label_col):
             f"column 'img' (image bytes, 32x32) and column '{label_col}' (int class index)")
 
 def load(dataset, source, label_col):
+    import datasets  # here, not at the top: train.py calls prepare() on every start, and this import takes a second
     # both paths end in the same DatasetDict with splits 'train' and 'test', so everything after is shared
     if source is None:
         try:
@@ -39,6 +39,7 @@ def load(dataset, source, label_col):
     return datasets.load_dataset('parquet', data_files={split: str(f) for split, f in files.items()})
 
 def decode(split, label_col, desc):
+    import datasets
     split = split.cast_column('img', datasets.Image(decode=False))  # decode ourselves: faster, and we check sizes
     x = np.empty((len(split), 32, 32, 3), dtype=np.uint8)
     images = (img for batch in split.iter(batch_size=1000) for img in batch['img'])  # streams, never all in memory
@@ -50,13 +51,21 @@ def decode(split, label_col, desc):
     return x, np.asarray(split[label_col], dtype=np.int64)
 
 def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
-    # check everything cheap first, so a bad call fails before any decoding or writing
+    # check everything cheap first, so a bad call fails before any decoding or writing; returns at once (the
+    # meta) when data_dir already holds this dataset
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
     if label not in ('fine', 'coarse') or (dataset == 'cifar10' and label != 'fine'):
         raise ValueError(f"label={label!r}: 'fine' or 'coarse' for cifar100, 'fine' for cifar10")
     label_col = 'label' if dataset == 'cifar10' else f'{label}_label'
     data_dir = Path(data_dir) if data_dir else Path(__file__).resolve().parents[1] / 'data' / dataset
+    if (data_dir / 'meta.json').is_file():  # written last, so the arrays are complete: nothing to do
+        meta = json.loads((data_dir / 'meta.json').read_text())
+        if (meta.get('dataset'), meta.get('label')) != (dataset, label_col):
+            raise ValueError(f"{data_dir} already holds {meta.get('dataset')} ({meta.get('label')}), not {dataset} "
+                             f"({label_col}); pass another data_dir, or delete that one to prepare it again")
+        return meta
+    import datasets
     ds = load(dataset, source, label_col)
     for split in SPLITS.values():
         if missing := {'img', label_col} - set(ds[split].column_names):

@@ -111,6 +111,14 @@ def test_prepare_cifar10_shared_full(tmp_path):
     assert meta['num_classes'] == 10 and meta['classes'] == CIFAR10_NAMES
     assert abs(train_x.mean() / 255 - 0.473) < 0.01  # CIFAR-10's mean pixel: real images, not noise or zeros
 
+def test_prepare_again_returns_what_is_there(tmp_path):
+    # train.py calls prepare on every start: a prepared folder is used as it is (no source, no Hub), never rewritten
+    cifar10_source(tmp_path / 'src')
+    meta = cifar.prepare(tmp_path / 'out', 'cifar10', source=tmp_path / 'src')
+    assert cifar.prepare(tmp_path / 'out', 'cifar10') == meta
+    with pytest.raises(ValueError, match=r"already holds cifar10 \(label\), not cifar100 \(fine_label\)"):
+        cifar.prepare(tmp_path / 'out', 'cifar100', source=tmp_path / 'src')
+
 def test_prepare_errors_before_writing(tmp_path):
     cifar10_source(tmp_path / 'src')
     out = tmp_path / 'out'

@@ -1,0 +1,9 @@
+# ViT-S on CIFAR-100 with softmax attention: config/softmax_vit.py's recipe on the 100-class dataset (SPEC.md §1).
+# The Krause paper reports 72.28% test accuracy for the softmax ViT.
+# 1 GPU:  python train.py config/softmax_vit100.py
+# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/softmax_vit100.py
+#   --batch_size=32 --gradient_accumulation_steps=8  (32 per GPU x 8 = 256 per iteration)
+
+exec(open('config/softmax_vit.py').read())  # the same recipe; only the data and out_dir differ
+out_dir = 'out-softmax-vit100'
+dataset = 'cifar100'  # 50,000 training images too, so the epochs-to-iterations arithmetic is unchanged
