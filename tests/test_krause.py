@@ -142,7 +142,7 @@ def test_mix_gate_starts_at_point_eight_and_mixes_per_token():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause',
                           krause_mix=True, krause_window=4, krause_topk=2))
-    mix = model.transformer.h[0].attn
+    mix = model.h[0].attn
     assert mix.gate.bias.softmax(-1).tolist() == pytest.approx([0.8, 0.2])
     assert 0 < mix.gate.weight.std().item() < 0.02  # N(0, 0.01), not the Linears' N(0, 0.02)
     x = torch.randn(2, 12, 16)
@@ -187,3 +187,15 @@ def test_train_py_learns_recall_with_krause(tmp_path):
     checkpoint = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)
     sigma = checkpoint['model']['transformer.h.0.attn.log_sigma'].exp()
     assert sigma.shape == (2,) and not torch.allclose(sigma, torch.full((2,), 2.5))  # σ was trained
+
+
+def test_krause_in_a_vit_follows_the_schedule_and_sees_its_grid():
+    from vit import ViT, ViTConfig
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(n_layer=12, n_head=2, n_embd=16, patch_size=4, attention='krause', krause_topk=2)).eval()
+    assert [block.attn.topk for block in model.h] == [2, 2, 2, 3, 3, 3, 3, 3, 3, 4, 4, 4]
+    assert model.h[0].attn.neighbourhood.shape == (65, 65)  # 8x8 patches + CLS
+    logits, loss = model(torch.randn(2, 3, 32, 32), torch.tensor([1, 7]))
+    assert logits.shape == (2, 10) and torch.isfinite(loss)
+    loss.backward()
+    assert model.h[0].attn.log_sigma.grad.abs().sum() > 0
