@@ -18,7 +18,7 @@ import math
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import numpy as np
 import torch

@@ -1,6 +1,5 @@
 """Krause attention against a slow reference written straight from SPEC §1: explicit per-pair distances,
 a per-row sort, a softmax over the survivors. Float64, forward and gradients (q, k, v, log σ)."""
-import math
 
 import pytest
 import torch
@@ -142,7 +141,7 @@ def test_mix_gate_starts_at_point_eight_and_mixes_per_token():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause',
                           krause_mix=True, krause_window=4, krause_topk=2))
-    mix = model.h[0].attn
+    mix = model.transformer.h[0].attn
     assert mix.gate.bias.softmax(-1).tolist() == pytest.approx([0.8, 0.2])
     assert 0 < mix.gate.weight.std().item() < 0.02  # N(0, 0.01), not the Linears' N(0, 0.02)
     x = torch.randn(2, 12, 16)
