@@ -93,7 +93,8 @@ def test_rope_preserves_norm_and_depends_on_offsets_only():
     rq, rk = rope(q), rope(k)
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
     dots = (rq[0, 0, :, None] * rk[0, 0, None, :]).sum(-1)  # (32, 32): position i against position j
-    torch.testing.assert_close(dots[10, 7], dots[25, 22])   # same offset 3, same score
+    # same offset 3, same score, up to the float32 precision of the sin/cos tables (a random pair missed 1e-7)
+    torch.testing.assert_close(dots[10, 7], dots[25, 22], rtol=1e-5, atol=1e-6)
     assert not torch.allclose(dots[10, 7], dots[10, 9])
 
 
