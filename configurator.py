@@ -4,6 +4,7 @@ Poor Man's Configurator, as in nanoGPT. Exec'd from a script's globals, not impo
 $ python train.py config/override_file.py --batch_size=32
 
 The config file is plain Python that assigns existing globals; each --key=value overrides one of them.
+A config builds on another with exec(open(os.path.join(os.path.dirname(__file__), 'other.py')).read()).
 Unlike nanoGPT, an unknown key or a value of the wrong type stops the run with a one-line error.
 """
 import difflib as _difflib
@@ -36,7 +37,7 @@ for _arg in __import__('sys').argv[1:]:
             _source = open(_arg).read()
         except OSError as _e:
             _config_error(f"cannot read config file {_arg}: {_e.strerror}; arguments are config/x.py or --key=value")
-        _scope = dict(_keys)
+        _scope = dict(_keys, __file__=_arg)  # a config may exec another beside it, found through its __file__
         exec(_source, _scope)
         for _key, _val in _scope.items():
             if _key.startswith('_') or _key == '__builtins__' or type(_val).__name__ == 'module':

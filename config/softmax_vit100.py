@@ -4,6 +4,7 @@
 # 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/softmax_vit100.py
 #   --batch_size=32 --gradient_accumulation_steps=8  (32 per GPU x 8 = 256 per iteration)
 
-exec(open('config/softmax_vit.py').read())  # the same recipe; only the data and out_dir differ
+import os
+exec(open(os.path.join(os.path.dirname(__file__), 'softmax_vit.py')).read())  # the same recipe; only the data and out_dir differ
 out_dir = 'out-softmax-vit100'
 dataset = 'cifar100'  # 50,000 training images too, so the epochs-to-iterations arithmetic is unchanged

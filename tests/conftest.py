@@ -16,10 +16,11 @@ if (SHARED / 'tiktoken_cache').is_dir():
     os.environ.setdefault('TIKTOKEN_CACHE_DIR', str(SHARED / 'tiktoken_cache'))
 
 
-def run_script(*args, launcher=(sys.executable,), check=True, timeout=600):
-    """Run a repo script in a subprocess on one CPU thread; return its combined output."""
+def run_script(*args, launcher=(sys.executable,), check=True, timeout=600, cwd=ROOT):
+    """Run a repo script in a subprocess on one CPU thread (from the repo root unless cwd says otherwise);
+    return its combined output."""
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-    proc = subprocess.run([*launcher, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([*launcher, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

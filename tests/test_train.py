@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 
-from conftest import SHARED, iter_losses, needs_shared, run_script
+from conftest import ROOT, SHARED, iter_losses, needs_shared, run_script
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--batch_size=16', '--eval_iters=2', '--log_interval=1',
         '--warmup_iters=2', '--compile=False', '--device=cpu']
@@ -78,6 +78,16 @@ def test_bad_config_is_one_clear_line(args, message, tmp_path):
     log = run_script('train.py', *args, f'--out_dir={tmp_path}', check=False)
     assert re.search(message, log), log[-2000:]
     assert 'Traceback' not in log
+
+
+def test_every_config_loads_from_any_directory(tmp_path):
+    # all of config/ in one run, from a foreign directory: the configs that exec softmax_vit.py must find it,
+    # and every key they set must be one train.py knows; the bad override then stops the run before any work
+    configs = sorted((ROOT / 'config').glob('*.py'))
+    assert len(configs) >= 8
+    log = run_script(ROOT / 'train.py', *configs, '--batch_size=abc', cwd=tmp_path, check=False)
+    assert log.count('Overriding config with') == len(configs), log[-2000:]
+    assert 'config error: batch_size expects int' in log and 'Traceback' not in log
 
 
 def test_bad_checkpoints(recall_dir, tmp_path):
