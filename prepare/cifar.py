@@ -100,5 +100,8 @@ if __name__ == '__main__':
     parser.add_argument('--data_dir', default=None, help='output folder (default: data/<dataset> in the repo)')
     parser.add_argument('--label', default='fine', choices=['fine', 'coarse'], help='CIFAR-100 label set')
     args = parser.parse_args()
-    meta = prepare(args.data_dir, args.dataset, args.source, args.label)
+    try:
+        meta = prepare(args.data_dir, args.dataset, args.source, args.label)
+    except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
+        raise SystemExit(f"error: {e}")
     print(f"{meta['dataset']}: {meta['counts']} images, {meta['num_classes']} classes, from {meta['source']}")

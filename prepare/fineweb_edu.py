@@ -31,4 +31,7 @@ def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, sample="sample-10BT
 if __name__ == "__main__":
     parser = arg_parser(__doc__, DATA_DIR)
     parser.add_argument("--sample", default="sample-10BT", help="which FineWeb-Edu sample on the hub")
-    prepare(**vars(parser.parse_args()))
+    try:
+        prepare(**vars(parser.parse_args()))
+    except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
+        raise SystemExit(f"error: {e}")

@@ -50,4 +50,7 @@ def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, **kwargs):
 
 
 if __name__ == "__main__":
-    prepare(**vars(arg_parser(__doc__, DATA_DIR).parse_args()))
+    try:
+        prepare(**vars(arg_parser(__doc__, DATA_DIR).parse_args()))
+    except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
+        raise SystemExit(f"error: {e}")

@@ -54,4 +54,7 @@ if __name__ == '__main__':
     parser.add_argument('--source', default=None, help="local input.txt instead of the download")
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = parser.parse_args()
-    prepare(args.data_dir, args.source)
+    try:
+        prepare(args.data_dir, args.source)
+    except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
+        raise SystemExit(f"error: {e}")

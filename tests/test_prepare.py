@@ -1,4 +1,5 @@
-"""prepare/shakespeare_char.py and prepare/recall.py on local data; sample.py on a fresh checkpoint."""
+"""prepare/shakespeare_char.py and prepare/recall.py on local data, every prepare script on a bad --source;
+sample.py on a fresh checkpoint."""
 import json
 import urllib.request
 
@@ -65,3 +66,11 @@ def test_sample_from_a_checkpoint(tmp_path):
     assert len(samples) == 2 and all(len(s) == 9 and all(0 <= int(t) < 32 for t in s) for s in samples)
     log = run_script('sample.py', f'--out_dir={tmp_path / "missing"}', check=False)
     assert 'no checkpoint at' in log and 'Traceback' not in log
+
+
+@pytest.mark.parametrize('script', ['shakespeare_char', 'openwebtext', 'fineweb_edu', 'cifar'])
+def test_scripts_say_a_bad_source_in_one_line(script, tmp_path):
+    log = run_script(f'prepare/{script}.py', f'--source={tmp_path / "nope"}', f'--data_dir={tmp_path / "out"}',
+                     check=False)
+    assert log.startswith('error: ') and 'nope' in log and 'Traceback' not in log, log[-2000:]
+    assert not (tmp_path / 'out').exists() or not any((tmp_path / 'out').iterdir())  # nothing half-written
