@@ -39,7 +39,7 @@ compile = False             # model mode: torch.compile the model (CUDA)
 json_out = False
 seed = 1337
 globals().update({f.name: f.default for f in fields(AttentionConfig) if f.name not in globals()})
-sys.argv = [a.replace('--json=', '--json_out=') for a in sys.argv]  # --json=True reads better
+sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json_out=') for a in sys.argv]  # reads better
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
 torch.manual_seed(seed)

@@ -32,6 +32,10 @@ def _checked(key, value, where):
 
 
 for _arg in __import__('sys').argv[1:]:
+    if _arg in ('-h', '--help'):
+        print(f"usage: python {__import__('sys').argv[0]} [config/x.py ...] [--key=value ...]; keys and defaults:")
+        print('\n'.join(f"  --{_k}={_v}" for _k, _v in _keys.items()))
+        raise SystemExit(0)
     if not _arg.startswith('--'):  # a config file
         try:
             _source = open(_arg).read()

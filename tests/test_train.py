@@ -80,6 +80,12 @@ def test_bad_config_is_one_clear_line(args, message, tmp_path):
     assert 'Traceback' not in log
 
 
+def test_help_lists_every_key_with_its_default(tmp_path):
+    log = run_script('train.py', '--help', f'--out_dir={tmp_path}')
+    assert log.startswith('usage: python train.py') and '  --attention=softmax\n' in log and '  --n_layer=2\n' in log
+    assert 'step 0' not in log and not any(tmp_path.iterdir())
+
+
 def test_every_config_loads_from_any_directory(tmp_path):
     # all of config/ in one run, from a foreign directory: the configs that exec softmax_vit.py must find it,
     # and every key they set must be one train.py knows; the bad override then stops the run before any work
