@@ -84,8 +84,7 @@ class Block(nn.Module):
 
 def init_weights(model, n_layer):
     """nanoGPT/GPT-2 init: N(0, 0.02) for Linears and Embeddings, zero biases, residual projections
-    (c_proj) scaled by 1/sqrt(2 n_layer). A variant with its own init (a gate, say) defines
-    `init_extra()`, called last."""
+    (c_proj) scaled by 1/sqrt(2 n_layer); then the variants' own (init_variants)."""
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(m.weight, mean=0.0, std=0.02)
@@ -94,6 +93,11 @@ def init_weights(model, n_layer):
     for name, p in model.named_parameters():
         if name.endswith('c_proj.weight'):
             torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+    init_variants(model)
+
+
+def init_variants(model):
+    """A variant with its own init (a gate, say) defines `init_extra()`: called after the model's own init."""
     for m in model.modules():
         if hasattr(m, 'init_extra'):
             m.init_extra()
