@@ -75,6 +75,19 @@ def test_shapes_and_losses():
     assert torch.allclose(model(x, soft)[1], -(soft * logits.log_softmax(-1)).sum(-1).mean())
 
 
+def test_init_is_the_official_kvit_one():
+    # PyTorch's Linear default is U(±1/√fan_in), std 1/√(3·fan_in), residual projections not scaled down;
+    # CLS and positions are N(0, 0.02) truncated at ±2
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(n_layer=2, n_head=4, n_embd=256))
+    for name, fan_in in (('h.1.mlp.c_fc.weight', 256), ('h.1.mlp.c_proj.weight', 1024), ('head.weight', 256)):
+        w = model.get_parameter(name)
+        assert w.abs().max() <= fan_in ** -0.5, name
+        assert w.std().item() == pytest.approx((3 * fan_in) ** -0.5, rel=0.05), name
+    assert model.pos_embed.std().item() == pytest.approx(0.02, rel=0.05) and model.pos_embed.abs().max() <= 2
+    assert model.cls_token.std().item() == pytest.approx(0.02, rel=0.3)
+
+
 def test_patch_size_must_divide_the_image():
     with pytest.raises(ValueError, match=r"patch_size=5 does not divide img_size=32; use one of 1, 2, 4, 8, 16, 32"):
         ViTConfig(patch_size=5)
