@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / 'shared' / 'data'
@@ -30,3 +31,15 @@ def run_script(*args, launcher=(sys.executable,), check=True, timeout=600, cwd=R
 def iter_losses(log):
     """{iteration: loss} from train.py's `iter {n}: loss {x}` lines."""
     return {int(n): float(x) for n, x in re.findall(r"^iter (\d+): loss ([\d.naninf]+)", log, re.M)}
+
+
+def assert_causal(model, T, cut, vocab=11):
+    """Changing the tokens from position `cut` on changes the GPT's logits there and nowhere before."""
+    idx = torch.randint(0, vocab, (2, T))
+    changed = idx.clone()
+    changed[:, cut:] = (changed[:, cut:] + 1) % vocab
+    with torch.no_grad():
+        a, _ = model(idx, idx)
+        b, _ = model(changed, changed)
+    assert torch.equal(a[:, :cut], b[:, :cut])
+    assert not torch.equal(a[:, cut:], b[:, cut:])

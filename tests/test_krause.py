@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attention import AttentionConfig, build_attention, grid_neighbourhood, krause_topk_schedule
+from conftest import assert_causal
 from model import GPT, GPTConfig
 
 
@@ -115,14 +116,7 @@ def test_gpt_is_causal(kw):
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='krause',
                     krause_window=8, krause_topk=4, **kw)
     model = GPT(cfg).eval()
-    idx = torch.randint(0, 11, (2, 40))
-    changed = idx.clone()
-    changed[:, 21:] = (changed[:, 21:] + 1) % 11
-    with torch.no_grad():
-        a, _ = model(idx, idx)
-        b, _ = model(changed, changed)
-    assert torch.equal(a[:, :21], b[:, :21])
-    assert not torch.equal(a[:, 21:], b[:, 21:])
+    assert_causal(model, T=40, cut=21)
 
 
 @pytest.mark.parametrize('T,W,k', [(200, 32, 16), (150, 256, 192), (64, 8, 8)])
