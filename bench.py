@@ -16,12 +16,12 @@ import json
 import os
 import sys
 import time
-from dataclasses import fields
 
 import torch
 
 from attention import AttentionConfig, build_attention
 from model import GPT, GPTConfig
+from runtime import DTYPES, dataclass_defaults, dataclass_values, peak_flops, precision
 
 # -----------------------------------------------------------------------------
 mode = 'attention'          # 'attention' (the rule alone) or 'model' (a whole GPT train step)
@@ -38,18 +38,17 @@ dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'
 compile = False             # model mode: torch.compile the model (CUDA)
 json_out = False
 seed = 1337
-globals().update({f.name: f.default for f in fields(AttentionConfig) if f.name not in globals()})
+globals().update(dataclass_defaults(AttentionConfig, globals()))
 sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json_out=') for a in sys.argv]  # reads better
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
 torch.manual_seed(seed)
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ptdtype = DTYPES[dtype]
 is_cuda = device.startswith('cuda')
 
 
 def attention_config(**overrides):
-    cfg = {f.name: globals()[f.name] for f in fields(AttentionConfig)}
-    return AttentionConfig(**{**cfg, **overrides})
+    return AttentionConfig(**dataclass_values(AttentionConfig, globals(), **overrides))
 
 
 class PeakMemory:
@@ -136,6 +135,8 @@ def report(row):
         print(json.dumps(row))
     else:
         extra = f"  x{row['vs_softmax']:.3f} softmax" if row.get('vs_softmax') is not None else ''
+        extra += f"  {row['tokens_per_s']:,.0f} tok/s" if 'tokens_per_s' in row else ''
+        extra += f"  mfu {row['mfu'] * 100:.1f}%" if row.get('mfu') else ''
         print(f"{row['attention']:>10s} {row['path']:>6s} T={row['T']:<6d} {row['ms']:9.2f} ms "
               f"{row['peak_mib']:9.1f} MiB{extra}")
 
@@ -161,13 +162,12 @@ def bench_attention():
 
 
 def bench_model():
-    cases = []
+    cases, models = [], []
     for T in [int(s) for s in str(seq_lens).split(',')]:
-        cfg = {f.name: globals()[f.name] for f in fields(GPTConfig) if f.name in globals()}
-        model = GPT(GPTConfig(**{**cfg, 'block_size': T, 'vocab_size': 50304})).to(device)
+        model = GPT(GPTConfig(**dataclass_values(GPTConfig, globals(), block_size=T, vocab_size=50304))).to(device)
         optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if is_cuda else 'cpu')
         step_model = torch.compile(model) if compile and is_cuda else model
-        ctx = torch.amp.autocast('cuda', dtype=ptdtype) if is_cuda else torch.autocast('cpu', enabled=False)
+        ctx = precision(device, dtype)[2]
         idx = torch.randint(50257, (batch, T + 1), device=device)
 
         def step(step_model=step_model, optimizer=optimizer, ctx=ctx, idx=idx):
@@ -177,8 +177,11 @@ def bench_model():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         cases.append((dict(attention=attention, path='model', T=T, device=device), step))
-    for row in measure(cases, warmup=2):
-        report({**row, 'vs_softmax': None, 'tokens_per_s': batch * row['T'] / row['ms'] * 1000})
+        models.append(model)
+    peak = peak_flops(device)
+    for row, model in zip(measure(cases, warmup=2), models):
+        mfu = model.estimate_mfu(batch, row['ms'] / 1000, peak) if peak else None
+        report({**row, 'vs_softmax': None, 'tokens_per_s': batch * row['T'] / row['ms'] * 1000, 'mfu': mfu})
 
 
 if mode not in ('attention', 'model'):

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import AttentionConfig, build_attention
+from attention import Attention, AttentionConfig, build_attention
 
 
 @dataclass
@@ -97,9 +97,9 @@ def init_weights(model, n_layer):
 
 
 def init_variants(model):
-    """A variant with its own init (a gate, say) defines `init_extra()`: called after the model's own init."""
+    """Every attention rule's own init (Attention.init_extra: a gate, say), after the model's own init."""
     for m in model.modules():
-        if hasattr(m, 'init_extra'):
+        if isinstance(m, Attention):
             m.init_extra()
 
 
@@ -174,10 +174,12 @@ class GPT(nn.Module):
 
 
 def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
-    """AdamW with weight decay on matrices (Linears, embeddings) only; biases, norms and scalars are not decayed."""
+    """AdamW with weight decay on matrices (Linears, embeddings) only; biases, norms, scalars and the parameters a
+    rule names in its `no_decay` (Attention's contract) are not decayed."""
+    exempt = {id(getattr(m, name)) for m in model.modules() for name in getattr(m, 'no_decay', ())}
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in exempt]
+    no_decay = [p for p in params if p.dim() < 2 or id(p) in exempt]
     groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
     use_fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if use_fused else {}))

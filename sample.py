@@ -5,11 +5,11 @@ $ python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples
 $ python sample.py --start=FILE:prompt.txt
 """
 import os
-from contextlib import nullcontext
 
 import torch
 
 from model import GPT, GPTConfig
+from runtime import load_checkpoint, precision
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
@@ -39,12 +39,7 @@ def codec(meta):
 
 
 def load_gpt(ckpt_path, device):
-    if not os.path.exists(ckpt_path):
-        raise SystemExit(f"error: no checkpoint at {ckpt_path}; train one first or pass --out_dir=DIR")
-    try:
-        checkpoint = torch.load(ckpt_path, map_location=device, weights_only=True)
-    except Exception as e:
-        raise SystemExit(f"error: cannot read checkpoint {ckpt_path} ({type(e).__name__}); it is corrupt or not ours")
+    checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
     if checkpoint['meta'].get('kind') == 'image':
         raise SystemExit(f"error: {ckpt_path} holds a ViT image classifier ({checkpoint['config']['dataset']}); "
                          f"sample.py generates text from a GPT. Evaluate it with train.py and the config it was "
@@ -58,9 +53,7 @@ def load_gpt(ckpt_path, device):
 if __name__ == '__main__':
     torch.manual_seed(seed)
     torch.cuda.manual_seed(seed)
-    device_type = 'cuda' if 'cuda' in device else 'cpu'
-    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+    device_type, ptdtype, ctx = precision(device, dtype)
     model, meta = load_gpt(os.path.join(out_dir, 'ckpt.pt'), device)
     model.eval().to(device)
     encode, decode = codec(meta)

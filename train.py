@@ -18,7 +18,6 @@ import math
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import fields
 
 import numpy as np
 import torch
@@ -31,6 +30,7 @@ from augment import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, mix
                      one_hot_smooth, random_crop, random_flip)
 from model import GPT, GPTConfig
 from prepare import check_dataset_name, dataset_kind, prepare_dataset
+from runtime import dataclass_defaults, dataclass_values, load_checkpoint, peak_flops, precision
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -92,7 +92,7 @@ dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported
 compile = True              # torch.compile the model (CUDA only)
 seed = 1337
 # every attention variant's own keys (window, ...) are config keys too, with the variant's defaults
-globals().update({f.name: f.default for f in fields(AttentionConfig) if f.name not in globals()})
+globals().update(dataclass_defaults(AttentionConfig, globals()))
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
@@ -118,7 +118,7 @@ kind = dataset_kind(dataset)
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
 # the model: a ViT for images, a GPT otherwise; its settings are checked now, the sizes from the data come later
 ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
-model_args = {f.name: globals()[f.name] for f in fields(ModelConfig) if f.init and f.name in globals()}
+model_args = dataclass_values(ModelConfig, globals())
 try:
     ModelConfig(**model_args)
 except ValueError as e:
@@ -151,11 +151,7 @@ if master_process:
 torch.manual_seed(seed + ddp_rank)  # dropout differs between processes
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-device_type = 'cuda' if 'cuda' in device else 'cpu'
-if device_type == 'cpu':
-    dtype = 'float32'  # autocast is for CUDA here; CPU runs in float32
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU runs in float32
 
 # -----------------------------------------------------------------------------
 # data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch
@@ -252,11 +248,7 @@ ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 if init_from == 'resume':
     if not os.path.exists(ckpt_path):
         fail(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use init_from='scratch'")
-    try:
-        checkpoint = torch.load(ckpt_path, map_location=device, weights_only=True)
-    except Exception as e:
-        fail(f"cannot read checkpoint {ckpt_path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-             f"it is corrupt or not ours: delete it, or point out_dir elsewhere")
+    checkpoint = load_checkpoint(ckpt_path, device)
     theirs = checkpoint['model_args']
     differ = [f"{k}={theirs.get(k)!r} (this run: {v!r})" for k, v in model_args.items() if theirs.get(k) != v]
     if checkpoint['config'].get('dataset') != dataset:
@@ -275,7 +267,7 @@ if checkpoint is not None:
 model.to(device)
 raw_model = model  # unwrapped: what is saved and what estimate_mfu asks
 
-scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint['optimizer'])
@@ -360,15 +352,7 @@ def save_checkpoint():
     os.replace(ckpt_path + '.tmp', ckpt_path)
 
 
-def peak_flops():
-    """Dense bf16 peak of this GPU, for MFU; None where unknown (CPU)."""
-    if device_type != 'cuda':
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((f for key, f in (('H200', 989e12), ('H100', 989e12), ('A100', 312e12)) if key in name), None)
-
-
-gpu_peak_flops = peak_flops()
+gpu_peak_flops = peak_flops(device)
 
 
 if hellaswag:
