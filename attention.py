@@ -199,9 +199,11 @@ class KrauseAttention(Attention):
         """Attention weights and per-row thresholds (..., 1) from fresh RBF scores and the neighbourhood mask:
         the top k of each row (chosen among `reachable(scores)`, a view of the slots a row can reach, if given),
         softmax, dropout. Out-of-place fills: as fast and as small here as in-place ones under no_grad, which
-        torch.compile's inductor fails on (KeyError 'buf1', torch 2.13). The threshold itself carries no gradient."""
+        torch.compile's inductor fails on (KeyError 'buf1', torch 2.13). The threshold itself carries no gradient:
+        it sits halfway between a row's k-th and (k+1)-th score (topk_boundary), so flex, which rounds the scores
+        its own way, keeps the same keys."""
         scores = scores.masked_fill(~mask, float('-inf'))
-        threshold = kth_largest(scores if reachable is None else reachable(scores), self.topk)
+        threshold = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
         scores = scores.masked_fill(scores < threshold, float('-inf'))
         return F.dropout(scores.softmax(-1), self.dropout, self.training), threshold
 
@@ -243,12 +245,11 @@ class KrauseAttention(Attention):
 
     def attend_flex(self, q, k, v):
         # flex computes exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask; the top k enter as a per-row
-        # threshold found by a pre-pass on the band (no gradient). A small tolerance keeps the k-th key itself
-        # when flex rounds its score differently from the pre-pass. No dropout on the weights, as for softmax.
+        # threshold found by a pre-pass on the band (no gradient), halfway between the k-th and (k+1)-th score, so
+        # flex's own rounding of a score does not move it across. No dropout on the weights, as for softmax.
         T = q.size(2)
         with torch.no_grad():
             threshold = (self.dense_weights if self.grid else self.band_weights)(q, k)[1]  # (B, H, T)
-        threshold = threshold - 1e-5 * (1 + threshold.abs())
         q_scaled, key_bias = self.rbf_terms(q, k)
 
         def krause_score(score, b, h, q_idx, kv_idx):
@@ -500,6 +501,15 @@ def kth_largest(x, k):
             n = x.size(-1)
             return torch.from_numpy(np.partition(x.detach().numpy(), n - k, axis=-1)[..., n - k:n - k + 1])
         return x.kthvalue(x.size(-1) - k + 1, dim=-1, keepdim=True).values
+
+
+def topk_boundary(x, k):
+    """(..., n) -> (..., 1), no gradient: halfway between the k-th and the (k+1)-th largest value along the last
+    dim, so the top k are exactly the values at or above it (a tie at the k-th keeps all of it). A row with k or
+    fewer finite values gives -inf: keep them all."""
+    if k >= x.size(-1):
+        return x.new_full((*x.shape[:-1], 1), float('-inf'))
+    return (kth_largest(x, k) + kth_largest(x, k + 1)) / 2
 
 
 def unband(y, T):  # (B, H, n, chunk, D) -> (B, H, T, D)
