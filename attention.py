@@ -48,9 +48,9 @@ class AttentionConfig:
     krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
     krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
     krause_mix: bool = False     # Krause GPT: the paper's LM form, a softmax branch and a Krause branch, gated
-    attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; the paper: 3 (GPT), 1 (ViT, diagonal masked)
+    attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
     attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
-    attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (the paper's ViT); needs causal=False
+    attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
 
 
 # -----------------------------------------------------------------------------
@@ -313,13 +313,13 @@ class AttentionX(SoftmaxAttention):
                                                   (AttentionX, seed 004 eq. 12-13, arXiv 2409.04275; SPEC §3)
 
     The "consensus discrepancy" between a token's own value and what it gathers from the others. With A the
-    attention matrix, y = (I - γA)V: at γ = 1 it is (I - A)V, a high-pass filter on the attention graph (the
-    graph Laplacian), the opposite of the smoothing AV that, stacked over layers, drives rank collapse. The paper
-    keeps γ >= 1: γ = 3 for its causal nanoGPT (the diagonal of A kept), γ = 1 for its ViT with the diagonal
-    masked (`attnx_mask_diagonal`: a token attends only to the others). γ = 0 is y = v (no mixing); a negative
-    γ adds the smoothed AV to v, a low-pass filter. γ is fixed, or learned per head (`attnx_learnable_gamma`).
-    The attention is SoftmaxAttention's (SDPA, is_causal=True on a GPT: flash on GPU; the sliding `window` too);
-    the masked diagonal is a boolean SDPA mask (no flash), and `off_diagonal_mask` on the flex path.
+    attention matrix, y = (I - γA)V: at γ = 1 it is (I - A)V, a high-pass filter on the attention graph (I - A is
+    the graph's random-walk Laplacian), the opposite of the smoothing AV that, stacked over layers, drives rank
+    collapse. The paper keeps γ >= 1: γ = 3 for its causal nanoGPT (the diagonal of A kept), γ = 1 for its ViT
+    with the diagonal masked (`attnx_mask_diagonal`: a token attends only to the others). γ = 0 is y = v (no
+    mixing); a negative γ adds the smoothed AV to v, a low-pass filter. γ is fixed, or learned per head
+    (`attnx_learnable_gamma`). The attention is SoftmaxAttention's (SDPA, is_causal=True on a GPT: flash on GPU;
+    the sliding `window` too); the masked diagonal is a boolean SDPA mask (no flash), `off_diagonal_mask` on flex.
     """
 
     def __init__(self, config, layer_idx):

@@ -1,5 +1,5 @@
-"""AttentionX against a slow reference written straight from SPEC §3: y_i = v_i - γ_h Σ_j softmax_j(q_i·k_j/√D) v_j
-over the keys j that query i sees, one query at a time. Float64, forward and gradients (q, k, v, γ), with a
+"""AttentionX against a slow reference written straight from SPEC §3: y_i = v_i - γ_h Σ_j softmax_j(q_i·k_j/√D)
+v_j over the keys j that query i sees, one query at a time. Float64, forward and gradients (q, k, v, γ), with a
 different γ per head (one of them negative) so that a mix-up of heads would show."""
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attention import AttentionConfig, build_attention
-from conftest import assert_causal, run_script
+from conftest import ROOT, assert_causal, run_script
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig
 
@@ -15,7 +15,7 @@ GAMMA = [3.0, 1.0, -0.5, 2.0]  # per head
 
 
 def attentionx_reference(q, k, v, gamma, visible):
-    """One query at a time: the softmax over the visible keys, the weighted sum of their values, v_i minus γ_h of it."""
+    """One query at a time: softmax over the visible keys, the weighted sum of their values, v_i minus γ_h of it."""
     B, H, T, D = q.shape
     rows = []
     for i in range(T):
@@ -129,3 +129,13 @@ def test_bad_settings_are_refused_naming_the_key(tmp_path):
     log = run_script('train.py', '--attention=attentionx', '--attnx_mask_diagonal=True', f'--out_dir={tmp_path}',
                      f'--data_dir={tmp_path / "recall"}', check=False)  # a GPT: causal
     assert 'error: attnx_mask_diagonal=True needs causal=False' in log and 'Traceback' not in log
+
+
+@pytest.mark.parametrize('name,expect', [
+    ('attentionx_gpt', dict(dataset='openwebtext', n_layer=12, attnx_gamma=3.0, attnx_mask_diagonal=False)),
+    ('attentionx_vit', dict(dataset='cifar10', n_layer=12, attnx_gamma=1.0, attnx_mask_diagonal=True)),
+])
+def test_configs_are_the_papers_forms_on_the_softmax_recipes(name, expect):
+    scope = {'__file__': str(ROOT / 'config' / f'{name}.py')}
+    exec(open(scope['__file__']).read(), scope)
+    assert {k: scope[k] for k in expect} == expect and scope['attention'] == 'attentionx'
