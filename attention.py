@@ -338,8 +338,10 @@ class AttentionX(SoftmaxAttention):
         if self.mask_diagonal:
             self.register_buffer('off_diagonal', ~torch.eye(config.block_size, dtype=torch.bool), persistent=False)
 
-    def discrepancy(self, v, y):  # v - γ_h · y, γ in the activations' dtype (bf16 on GPU stays bf16)
-        return v - self.gamma.to(v.dtype).view(1, -1, 1, 1) * y
+    def discrepancy(self, v, y):
+        # v - γ_h·y in one op (no γ·y temporary: one (B, H, T, D) tensor less at the peak); γ in the activations'
+        # dtype, so bf16 stays bf16 under autocast
+        return torch.addcmul(v, self.gamma.to(v.dtype).view(1, -1, 1, 1), y, value=-1.0)
 
     def attend(self, q, k, v):
         if not self.mask_diagonal:
