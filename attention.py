@@ -48,6 +48,9 @@ class AttentionConfig:
     krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
     krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
     krause_mix: bool = False     # Krause GPT: the paper's LM form, a softmax branch and a Krause branch, gated
+    attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
+    attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
+    attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
 
 
 # -----------------------------------------------------------------------------
@@ -305,12 +308,63 @@ class KrauseMixAttention(Attention):
         return g[..., :1] * y_softmax + g[..., 1:] * y_krause
 
 
+class AttentionX(SoftmaxAttention):
+    """
+    y = v - γ · softmax(q kᵀ / √D + mask) v      per head, then heads merged and c_proj as usual
+                                                  (AttentionX, seed 004 eq. 12-13, arXiv 2409.04275; SPEC §3)
+
+    The "consensus discrepancy" between a token's own value and what it gathers from the others. With A the
+    attention matrix, y = (I - γA)V: at γ = 1 it is (I - A)V, a high-pass filter on the attention graph (I - A is
+    the graph's random-walk Laplacian), the opposite of the smoothing AV that, stacked over layers, drives rank
+    collapse. The paper keeps γ >= 1: γ = 3 for its causal nanoGPT (the diagonal of A kept), γ = 1 for its ViT
+    with the diagonal masked (`attnx_mask_diagonal`: a token attends only to the others). γ = 0 is y = v (no
+    mixing); a negative γ adds the smoothed AV to v, a low-pass filter. γ is fixed, or learned per head
+    (`attnx_learnable_gamma`). The attention is SoftmaxAttention's (SDPA, is_causal=True on a GPT: flash on GPU;
+    the sliding `window` too); the masked diagonal is a boolean SDPA mask (no flash), `off_diagonal_mask` on flex.
+    """
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        if not math.isfinite(config.attnx_gamma):
+            raise ValueError(f"attnx_gamma must be a finite number, got {config.attnx_gamma}")
+        if config.attnx_mask_diagonal and config.causal:
+            raise ValueError("attnx_mask_diagonal=True needs causal=False: with causal attention the first token "
+                             "would see no key at all; use it in a ViT, or keep the diagonal in a GPT")
+        self.mask_diagonal = config.attnx_mask_diagonal
+        gamma = torch.full((self.n_head,), float(config.attnx_gamma))
+        if config.attnx_learnable_gamma:
+            self.gamma = nn.Parameter(gamma)  # 1-D, so AdamW does not decay it
+        else:
+            self.register_buffer('gamma', gamma, persistent=False)
+        if self.mask_diagonal:
+            self.register_buffer('off_diagonal', ~torch.eye(config.block_size, dtype=torch.bool), persistent=False)
+
+    def discrepancy(self, v, y):
+        # v - γ_h·y in one op (no γ·y temporary: one (B, H, T, D) tensor less at the peak); γ in the activations'
+        # dtype, so bf16 stays bf16 under autocast
+        return torch.addcmul(v, self.gamma.to(v.dtype).view(1, -1, 1, 1), y, value=-1.0)
+
+    def attend(self, q, k, v):
+        if not self.mask_diagonal:
+            return self.discrepancy(v, super().attend(q, k, v))  # causal, full or windowed softmax, (B, H, T, D)
+        T = q.size(2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.off_diagonal[:T, :T],
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.discrepancy(v, y)
+
+    def attend_flex(self, q, k, v):
+        if not self.mask_diagonal:
+            return self.discrepancy(v, super().attend_flex(q, k, v))
+        return self.discrepancy(v, run_flex(q, k, v, block_mask=block_mask(off_diagonal_mask, q.size(2), q.device)))
+
+
 # -----------------------------------------------------------------------------
 # the table of rules: `attention=<name>` in a config picks the class
 
 ATTENTION = {
     'softmax': SoftmaxAttention,
     'krause': KrauseAttention,
+    'attentionx': AttentionX,
 }
 
 
@@ -372,6 +426,10 @@ def in_causal_window(query, key, window):
 
 def causal_mask(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
+
+
+def off_diagonal_mask(b, h, q_idx, kv_idx):  # every key but the query's own token (AttentionX's ViT form)
+    return q_idx != kv_idx
 
 
 @lru_cache(maxsize=None)

@@ -20,6 +20,11 @@ CASES = [
     (dict(attention='krause', krause_window=256, krause_topk=192), 1000),
     (dict(attention='krause', causal=False, grid_size=8, krause_topk=2), 65),
     (dict(attention='krause', krause_mix=True, krause_window=32, krause_topk=16), 1000),
+    (dict(attention='attentionx', attnx_gamma=3.0, attnx_learnable_gamma=True), 1000),
+    (dict(attention='attentionx', attnx_gamma=3.0, attnx_learnable_gamma=True, window=64), 1000),
+    (dict(attention='attentionx', causal=False, attnx_learnable_gamma=True), 300),
+    (dict(attention='attentionx', causal=False, attnx_mask_diagonal=True, attnx_learnable_gamma=True), 65),
+    (dict(attention='attentionx', causal=False, attnx_mask_diagonal=True, attnx_learnable_gamma=True), 300),
 ]
 
 

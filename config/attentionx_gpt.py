@@ -1,0 +1,18 @@
+# AttentionX GPT-2 (124M) on OpenWebText, γ = 3: nanoGPT's recipe (config/softmax_gpt.py, from nanoGPT's
+# config/train_gpt2.py) with y = v - 3·softmax(qkᵀ/√D)v per head, causal, diagonal kept: the paper's nanoGPT run
+# (seed 004 §4.2, arXiv 2409.04275; SPEC §3), which reports a slightly better validation curve than softmax.
+# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/attentionx_gpt.py
+# 1 GPU:   python train.py config/attentionx_gpt.py
+# CPU, nanoGPT's baby GPT with it (README's Results): python train.py config/shakespeare_char.py --device=cpu
+#   --compile=False --attention=attentionx --attnx_gamma=3 ... (the rest of README's command)
+# Compare with config/softmax_gpt.py: same data and tokens per step. The attention is softmax's SDPA call with
+# is_causal=True (flash on GPU) plus one subtraction, so a step costs the same.
+
+import os
+exec(open(os.path.join(os.path.dirname(__file__), 'softmax_gpt.py')).read())  # nanoGPT's GPT-2 / OpenWebText recipe
+
+out_dir = 'out-attentionx-gpt'
+attention = 'attentionx'
+attnx_gamma = 3.0
+attnx_learnable_gamma = False  # the paper: "no additional learnable parameters"; True learns γ per head from 3
+attnx_mask_diagonal = False    # causal: a token keeps its own key (row 0 would otherwise be empty)
