@@ -18,6 +18,10 @@ CASES = [
     (dict(attention='krause', krause_window=256, krause_topk=192), 1000),
     (dict(attention='krause', causal=False, grid_size=8, krause_topk=2), 65),
     (dict(attention='krause', krause_mix=True, krause_window=32, krause_topk=16), 1000),
+    (dict(attention='tda'), 1000),                           # rows with no survivors among them: T·P(s > τ) small
+    (dict(attention='tda', tda_beta=0.5, tda_lambda=0.3), 1000),  # more survivors per row
+    (dict(attention='tda', causal=False), 65),               # the ViT's constant threshold
+    (dict(attention='tda', tda_differential=False), 300),
 ]
 
 
