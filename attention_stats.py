@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from attention import SoftmaxAttention, ThresholdDifferentialAttention
-from sample import load_gpt
+from model import GPT, GPTConfig
+from runtime import load_checkpoint
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
@@ -55,11 +56,11 @@ def layer_stats(w):
 
 if __name__ == '__main__':
     torch.manual_seed(seed)
-    checkpoint_path = os.path.join(out_dir, 'ckpt.pt')
-    model, _ = load_gpt(checkpoint_path, 'cpu')
+    checkpoint = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), 'cpu', hint="train a GPT first or pass --out_dir")
+    model = GPT(GPTConfig(**checkpoint['model_args']))
+    model.load_state_dict(checkpoint['model'])
     model.eval()
-    T = model.config.block_size
-    trained = torch.load(checkpoint_path, weights_only=True)['config']
+    T, trained = model.config.block_size, checkpoint['config']
     data_dir = data_dir or trained['data_dir'] or os.path.join(os.path.dirname(__file__), 'data', trained['dataset'])
     data = np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
     inputs = {}
