@@ -54,7 +54,7 @@ class AttentionConfig:
     tda_kappa: float = 1.0       # TDA: κ > 0, fixed; the threshold's position offset (κ = 1: τ_0 = 0)
     tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
     tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
-    tda_chunk: int = 128         # TDA math path: queries per chunk (working memory ∝ chunk × T)
+    tda_chunk: int = 2**18       # TDA math path: weights per head a query chunk may hold (tda_chunk // T queries)
 
 
 # -----------------------------------------------------------------------------
@@ -329,8 +329,9 @@ class ThresholdDifferentialAttention(Attention):
     at RMS 0.01 for δ = 0.01 and 0.71 for δ = 0.1, growing continuously from the empty row's 0 instead of
     jumping to unit size; rows with RMS(y) >= 0.03 are normalised to within 5% of unit RMS.
 
-    Math path: queries in chunks of tda_chunk against the keys they can see, each chunk's weights recomputed in
-    backward (recompute_in_backward), so forward and backward hold one chunk × T of weights, never T×T. Flex
+    Math path: queries in chunks of tda_chunk // T against the keys they can see, each chunk's weights recomputed
+    in backward (recompute_in_backward), so forward and backward hold at most tda_chunk weights per head at a
+    time, whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex
     path: exp(score_mod) = relu(s - τ)^p, and flex's softmax-normalised output times exp(lse) is Σ_j a_ij v_j.
     No attention-weight dropout on either path (flex has none); the residual dropout in `out` applies.
     """
@@ -380,7 +381,8 @@ class ThresholdDifferentialAttention(Attention):
         qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
         tau = self.threshold(T, v.device)
         chunk_output = lambda start, end, n_keys: self.weights(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
-        y = torch.cat([recompute_in_backward(chunk_output, *c) for c in query_chunks(T, self.chunk, self.causal)], 2)
+        rows = max(1, self.chunk // T)  # queries per chunk
+        y = torch.cat([recompute_in_backward(chunk_output, *c) for c in query_chunks(T, rows, self.causal)], 2)
         return self.head_norm(y)  # (B, H, T, D)
 
     def attend_flex(self, *tensors):

@@ -54,14 +54,15 @@ def parameters(attn):
     return own, attn.log_beta.exp(), lam
 
 
-# (T, chunk, causal, differential, p, κ): T below, at and not a multiple of the chunk; κ > 1 (τ = 0 for early rows)
+# (T, queries per chunk, causal, differential, p, κ): T below, at and not a multiple of the chunk; κ > 1 (τ = 0 for
+# early rows)
 CASES = [(13, 4, True, True, 2.0, 1.0), (16, 4, True, True, 2.0, 1.0), (21, 8, False, True, 2.0, 1.0),
          (9, 64, True, False, 2.0, 1.0), (30, 7, True, True, 3.0, 2.0), (17, 5, False, False, 1.0, 0.5)]
 
 
 @pytest.mark.parametrize('T,chunk,causal,differential,p,kappa', CASES)
 def test_matches_reference(T, chunk, causal, differential, p, kappa):
-    attn = make(T, tda_chunk=chunk, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa)
+    attn = make(T, tda_chunk=chunk * T, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa)
     tensors = inputs(len(attn.projections), T)
     y = attn.attend(*tensors)
     own, beta, lam = parameters(attn)
@@ -102,7 +103,7 @@ def test_rows_without_survivors_give_exactly_zero():
 def test_saves_no_chunk_of_weights_for_backward():
     # everything autograd keeps outside the recomputed chunks is O(T·D): inputs, normalised q/k, y, the norm
     T, chunk = 256, 16
-    attn = make(T, tda_chunk=chunk)
+    attn = make(T, tda_chunk=chunk * T)
     tensors = inputs(5, T)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -116,13 +117,13 @@ def test_saves_no_chunk_of_weights_for_backward():
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='tda',
-                          tda_chunk=8, **kw)).eval()
+                          tda_chunk=8 * 40, **kw)).eval()
     assert_causal(model, T=40, cut=21)
 
 
 @pytest.mark.parametrize('T,kw', [(200, dict()), (65, dict(causal=False)), (100, dict(tda_differential=False))])
 def test_flex_forward_equals_math(T, kw):
-    attn = make(T, tda_chunk=32, **kw).float()
+    attn = make(T, tda_chunk=32 * T, **kw).float()
     tensors = [t.detach().float() for t in inputs(len(attn.projections), T)]
     with torch.no_grad():
         torch.testing.assert_close(attn.attend_flex(*tensors), attn.attend(*tensors), atol=1e-5, rtol=1e-5)
