@@ -391,6 +391,8 @@ class ThresholdDifferentialAttention(Attention):
         tau, p, floor = self.threshold(T, v.device), self.p, self.log_floor
         mask = block_mask(causal_mask if self.causal else None, T, v.device)
 
+        # β reaches flex as the (T,) tensor τ indexed by q_idx, a learnable bias flex differentiates; a captured 0-dim
+        # scalar is what has failed (pytorch#145208, attention-gym#171). λ is applied outside flex.
         def threshold_score(score, b, h, q_idx, kv_idx):  # log relu(s - τ_i)^p; -inf (weight 0) below τ
             excess = score - tau[q_idx]
             return torch.where(excess > 0, p * torch.log(excess.clamp_min(floor)), float('-inf'))
