@@ -55,6 +55,7 @@ class AttentionConfig:
     tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
     tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
     tda_chunk: int = 2**18       # TDA math path: weights per head a query chunk may hold (tda_chunk // T queries)
+    tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
 
 
 # -----------------------------------------------------------------------------
@@ -324,7 +325,7 @@ class ThresholdDifferentialAttention(Attention):
     λ = sigmoid(lambda_logit) are learned per layer; κ and p are fixed. With κ > 1 the rows i+1 < κ would take
     the root of a negative number: they get τ = 0. tda_differential=False keeps view 1 only (TRA).
 
-    RMSNorm eps = 1e-4: o = w·y/sqrt(mean(y²) + 1e-4). An empty row (y = 0) gives exactly 0; no row is
+    RMSNorm eps (tda_eps) = 1e-4: o = w·y/sqrt(mean(y²) + 1e-4). An empty row (y = 0) gives exactly 0; no row is
     amplified more than 1/sqrt(eps) = 100×, so a lone survivor passing τ by δ (v of unit RMS, p = 2) comes out
     at RMS 0.01 for δ = 0.01 and 0.71 for δ = 0.1, growing continuously from the empty row's 0 instead of
     jumping to unit size; rows with RMS(y) >= 0.03 are normalised to within 5% of unit RMS.
@@ -336,7 +337,6 @@ class ThresholdDifferentialAttention(Attention):
     No attention-weight dropout on either path (flex has none); the residual dropout in `out` applies.
     """
     projections = ('q1', 'k1', 'q2', 'k2', 'v')
-    norm_eps = 1e-4
     log_floor = 1e-12  # flex: log's argument is kept >= this, so s = τ exactly never gives 0·∞ = NaN in backward
 
     def __init__(self, config, layer_idx):
@@ -345,7 +345,8 @@ class ThresholdDifferentialAttention(Attention):
         super().__init__(config, layer_idx)
         for key, ok, need in [('tda_beta', config.tda_beta > 0, '> 0'), ('tda_kappa', config.tda_kappa > 0, '> 0'),
                               ('tda_lambda', 0 < config.tda_lambda < 1, 'in (0, 1)'),
-                              ('tda_p', config.tda_p >= 1, '>= 1'), ('tda_chunk', config.tda_chunk >= 1, '>= 1')]:
+                              ('tda_p', config.tda_p >= 1, '>= 1'), ('tda_chunk', config.tda_chunk >= 1, '>= 1'),
+                              ('tda_eps', config.tda_eps > 0, '> 0')]:
             if not ok:
                 raise ValueError(f"{key} must be {need}, got {getattr(config, key)}")
         self.differential, self.kappa, self.p, self.chunk = (config.tda_differential, config.tda_kappa,
@@ -353,7 +354,7 @@ class ThresholdDifferentialAttention(Attention):
         self.log_beta = nn.Parameter(torch.tensor(math.log(config.tda_beta)))
         if self.differential:
             self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
-        self.head_norm = nn.RMSNorm(self.head_dim, eps=self.norm_eps)
+        self.head_norm = nn.RMSNorm(self.head_dim, eps=config.tda_eps)
 
     def threshold(self, T, device):
         """τ per query, (T,): τ_i on the 0-based position i; without causality one τ for all, from the T keys."""

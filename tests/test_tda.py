@@ -67,7 +67,7 @@ def test_matches_reference(T, chunk, causal, differential, p, kappa):
     y = attn.attend(*tensors)
     own, beta, lam = parameters(attn)
     views = list(zip(tensors[:-1:2], tensors[1:-1:2]))
-    ref = tda_reference(views, tensors[-1], beta, lam, kappa, p, attn.head_norm.weight, attn.norm_eps, causal)
+    ref = tda_reference(views, tensors[-1], beta, lam, kappa, p, attn.head_norm.weight, attn.head_norm.eps, causal)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
     weights = attn.attention_weights(*tensors)
     visible = torch.ones(T, T).tril().bool() if causal else torch.ones(T, T).bool()
@@ -178,6 +178,7 @@ def test_initial_values_and_vit():
     (dict(tda_beta=0.0), 'tda_beta must be > 0'),
     (dict(tda_beta=-0.5), 'tda_beta must be > 0'),
     (dict(tda_chunk=0), 'tda_chunk must be >= 1'),
+    (dict(tda_eps=0.0), 'tda_eps must be > 0'),
 ])
 def test_bad_settings_fail_at_construction(kw, match):
     with pytest.raises(ValueError, match=match):
