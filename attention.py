@@ -332,8 +332,8 @@ class ThresholdDifferentialAttention(Attention):
 
     Math path: queries in chunks of tda_chunk // T against the keys they can see, each chunk's weights recomputed
     in backward (recompute_in_backward), so forward and backward hold at most tda_chunk weights per head at a
-    time, whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex
-    path: exp(score_mod) = relu(s - τ)^p, and flex's softmax-normalised output times exp(lse) is Σ_j a_ij v_j.
+    time whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex path: exp(score_mod) = relu(s - τ)^p,
+    and flex's softmax-normalised output times exp(lse) is Σ_j a_ij v_j.
     No attention-weight dropout on either path (flex has none); the residual dropout in `out` applies.
     """
     projections = ('q1', 'k1', 'q2', 'k2', 'v')
