@@ -23,7 +23,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -51,6 +52,13 @@ class AttentionConfig:
     attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
     attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
     attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
+    tda_beta: float = 1.0        # TDA: initial threshold scale β > 0 (learned per layer, as log β)
+    tda_lambda: float = 0.5      # TDA: initial inhibition λ in (0, 1) of the second view (learned, as its logit)
+    tda_kappa: float = 1.0       # TDA: κ > 0, fixed; the threshold's position offset (κ = 1: τ_0 = 0)
+    tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
+    tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
+    tda_chunk: int = 2**18       # TDA math path: weights per head a query chunk may hold (tda_chunk // T queries)
+    tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
 
 
 # -----------------------------------------------------------------------------
@@ -358,6 +366,108 @@ class AttentionX(SoftmaxAttention):
         return self.discrepancy(v, run_flex(q, k, v, block_mask=block_mask(off_diagonal_mask, q.size(2), q.device)))
 
 
+class ThresholdDifferentialAttention(Attention):
+    """
+    s_ij = q̂_i·k̂_j,  q̂ = q/‖q‖, k̂ = k/‖k‖        per view t = 1, 2 (two full-width q, k; one v); no 1/√D
+    τ_i  = β·sqrt(2·ln((i+1)/κ)/D)                0-based position i (ViT: one τ for all, (i+1) → N keys)
+    a_ij = relu(s_ij - τ_i)^p for j <= i, else 0   the causal mask after the threshold
+    o_i  = RMSNorm(Σ_j (a¹_ij - λ a²_ij) v_j)      per head, learnable weight
+    (Threshold Differential Attention, seed 003 / arXiv 2601.12145; SPEC §2)
+
+    The threshold grows like the largest spurious similarity among i+1 random keys, so only real matches survive:
+    weights are exactly 0 elsewhere and nothing forces a row to sum to 1 (no sink). β = exp(log_beta) and
+    λ = sigmoid(lambda_logit) are learned per layer; κ and p are fixed. With κ > 1 the rows i+1 < κ would take
+    the root of a negative number: they get τ = 0. tda_differential=False keeps view 1 only (TRA).
+
+    RMSNorm eps (tda_eps) = 1e-4: o = w·y/sqrt(mean(y²) + 1e-4). An empty row (y = 0) gives exactly 0; no row is
+    amplified more than 1/sqrt(eps) = 100×, so a lone survivor passing τ by δ (v of unit RMS, p = 2) comes out
+    at RMS 0.01 for δ = 0.01 and 0.71 for δ = 0.1, growing continuously from the empty row's 0 instead of
+    jumping to unit size; rows with RMS(y) >= 0.03 are normalised to within 5% of unit RMS.
+
+    Math path: queries in chunks of tda_chunk // T against the keys they can see, each chunk's weights recomputed
+    in backward (recompute_in_backward), so forward and backward hold at most tda_chunk weights per head at a
+    time whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex path: exp(score_mod) = relu(s - τ)^p,
+    and flex's softmax-normalised output times exp(lse) is Σ_j a_ij v_j.
+    No attention-weight dropout on either path (flex has none); the residual dropout in `out` applies.
+    """
+    projections = ('q1', 'k1', 'q2', 'k2', 'v')
+    log_floor = 1e-12  # flex: log's argument is kept >= this, so s = τ exactly never gives 0·∞ = NaN in backward
+
+    def __init__(self, config, layer_idx):
+        if not config.tda_differential:
+            self.projections = ('q1', 'k1', 'v')  # set before the frame sizes c_attn from it
+        super().__init__(config, layer_idx)
+        for key, ok, need in [('tda_beta', config.tda_beta > 0, '> 0'), ('tda_kappa', config.tda_kappa > 0, '> 0'),
+                              ('tda_lambda', 0 < config.tda_lambda < 1, 'in (0, 1)'),
+                              ('tda_p', config.tda_p >= 1, '>= 1'), ('tda_chunk', config.tda_chunk >= 1, '>= 1'),
+                              ('tda_eps', config.tda_eps > 0, '> 0')]:
+            if not ok:
+                raise ValueError(f"{key} must be {need}, got {getattr(config, key)}")
+        self.differential, self.kappa, self.p, self.chunk = (config.tda_differential, config.tda_kappa,
+                                                             config.tda_p, config.tda_chunk)
+        self.log_beta = nn.Parameter(torch.tensor(math.log(config.tda_beta)))
+        if self.differential:
+            self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
+        self.head_norm = nn.RMSNorm(self.head_dim, eps=config.tda_eps)
+
+    def threshold(self, T, device):
+        """τ per query, (T,): τ_i on the 0-based position i; without causality one τ for all, from the T keys."""
+        n = torch.arange(1, T + 1, device=device) if self.causal else torch.full((T,), T, device=device)
+        spurious = 2 * torch.log(n.to(self.log_beta.dtype) / self.kappa).clamp_min(0) / self.head_dim
+        return self.log_beta.exp() * spurious.sqrt()
+
+    def view_weights(self, q, k, threshold):  # (B, H, C, D), (B, H, L, D), (C, L) -> (B, H, C, L)
+        return (q @ k.transpose(-1, -2) - threshold).relu() ** self.p
+
+    def weights(self, qk, tau, start, end, n_keys):
+        """a¹ - λa² for queries start..end-1 and keys 0..n_keys-1, from normalised q1, k1(, q2, k2): (B, H, C, L)."""
+        threshold = tau[start:end, None].expand(-1, n_keys)  # (C, L)
+        if self.causal:  # the mask as an infinite threshold: relu(s - ∞) = 0 for j > i, whatever s is
+            query, key = torch.arange(start, end, device=tau.device), torch.arange(n_keys, device=tau.device)
+            threshold = threshold.masked_fill(key > query[:, None], float('inf'))
+        a = self.view_weights(qk[0][:, :, start:end], qk[1][:, :, :n_keys], threshold)
+        if self.differential:
+            a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(qk[2][:, :, start:end], qk[3][:, :, :n_keys],
+                                                                          threshold)
+        return a
+
+    def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v), (B, H, T, D) each
+        *qk, v = tensors
+        qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
+        tau = self.threshold(T, v.device)
+        chunk_output = lambda start, end, n_keys: self.weights(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
+        rows = max(1, self.chunk // T)  # queries per chunk
+        y = torch.cat([recompute_in_backward(chunk_output, *c) for c in query_chunks(T, rows, self.causal)], 2)
+        return self.head_norm(y)  # (B, H, T, D)
+
+    def attend_flex(self, *tensors):
+        *qk, v = tensors
+        qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
+        tau, p, floor = self.threshold(T, v.device), self.p, self.log_floor
+        mask = block_mask(causal_mask if self.causal else None, T, v.device)
+
+        # β reaches flex as the (T,) tensor τ indexed by q_idx, a learnable bias flex differentiates; a captured 0-dim
+        # scalar is what has failed (pytorch#145208, attention-gym#171). λ is applied outside flex.
+        def threshold_score(score, b, h, q_idx, kv_idx):  # log relu(s - τ_i)^p; -inf (weight 0) below τ
+            excess = score - tau[q_idx]
+            return torch.where(excess > 0, p * torch.log(excess.clamp_min(floor)), float('-inf'))
+
+        def view(q, k):  # Σ_j a_ij v_j = (softmax-weighted mean) · Σ_j a_ij; a row with no survivors: 0 · 0
+            y, aux = run_flex(q, k, v, score_mod=threshold_score, block_mask=mask, scale=1.0,
+                              return_aux=AuxRequest(lse=True))
+            return y * aux.lse.exp().unsqueeze(-1)
+        y = view(qk[0], qk[1])
+        if self.differential:
+            y = y - torch.sigmoid(self.lambda_logit) * view(qk[2], qk[3])
+        return self.head_norm(y.to(v.dtype))
+
+    def attention_weights(self, *tensors):
+        """For analysis: the whole (B, H, T, T) matrix a¹ - λa² from what project returns (short T only)."""
+        *qk, v = tensors
+        T = v.size(2)
+        return self.weights([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
+
+
 # -----------------------------------------------------------------------------
 # the table of rules: `attention=<name>` in a config picks the class
 
@@ -365,6 +475,7 @@ ATTENTION = {
     'softmax': SoftmaxAttention,
     'krause': KrauseAttention,
     'attentionx': AttentionX,
+    'tda': ThresholdDifferentialAttention,
 }
 
 
@@ -573,3 +684,20 @@ def topk_boundary(x, k):
 def unband(y, T):  # (B, H, n, chunk, D) -> (B, H, T, D)
     B, H, n, chunk, D = y.shape
     return y.reshape(B, H, n * chunk, D)[:, :, :T]
+
+
+# -----------------------------------------------------------------------------
+# Query chunks, for full-context rules whose weights are no softmax (no fused kernel) on the math path: queries in
+# chunks against the keys they can see, each chunk recomputed in backward, so memory stays linear in T.
+
+def query_chunks(T, chunk, causal):
+    """(start, end, n_keys) per chunk of queries start..end-1, which see keys 0..n_keys-1 (causal: up to end)."""
+    return [(start, min(start + chunk, T), min(start + chunk, T) if causal else T) for start in range(0, T, chunk)]
+
+
+def recompute_in_backward(fn, *args):
+    """fn(*args) keeping none of its intermediates for backward, where they are recomputed (activation
+    checkpointing): a loop over chunks then holds one chunk's intermediates at a time, not all of them."""
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    return checkpoint(fn, *args, use_reentrant=False)

@@ -25,6 +25,10 @@ CASES = [
     (dict(attention='attentionx', causal=False, attnx_learnable_gamma=True), 300),
     (dict(attention='attentionx', causal=False, attnx_mask_diagonal=True, attnx_learnable_gamma=True), 65),
     (dict(attention='attentionx', causal=False, attnx_mask_diagonal=True, attnx_learnable_gamma=True), 300),
+    (dict(attention='tda'), 1000),                           # rows with no survivors among them: T·P(s > τ) small
+    (dict(attention='tda', tda_beta=0.5, tda_lambda=0.3), 1000),  # more survivors per row
+    (dict(attention='tda', causal=False), 65),               # the ViT's constant threshold
+    (dict(attention='tda', tda_differential=False), 300),
 ]
 
 
