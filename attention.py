@@ -48,6 +48,12 @@ class AttentionConfig:
     krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
     krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
     krause_mix: bool = False     # Krause GPT: the paper's LM form, a softmax branch and a Krause branch, gated
+    cluster_m: int = 16          # cluster: seeds (clusters) per head
+    cluster_block: int = 64      # cluster GPT: tokens per block; exact within it, cluster summaries of earlier blocks
+    cluster_iters: int = 0       # cluster ViT: soft k-means refinements of the seeds on each sequence (0 = none)
+    cluster_self: bool = False   # cluster ViT: each query also attends exactly to its own key
+    cluster_sharpness: float = 10.0  # cluster: initial sharpness s of the assignment (learned per head, log_sharpness)
+    cluster_seed_lr: float = 10.0    # cluster: the seeds' learning rate, as a multiple of learning_rate
 
 
 # -----------------------------------------------------------------------------
@@ -71,10 +77,16 @@ class Attention(nn.Module):
         Embeddings).
       - AdamW decays every parameter with two or more dimensions; name a rule's parameters in `no_decay` (a tuple
         of attribute names) to exempt them (seeds, per-head tables).
+      - `lr_scale` ({attribute name: factor}) gives a parameter its own learning rate, factor × the schedule's:
+        configure_adamw puts it in a param group with `lr_scale`, and train.py sets each group's lr to lr × that.
+      - `stats` (None, or {name: tensor}) is what a rule reports about itself, set in eval mode (cluster usage);
+        train.py prints it per layer at every evaluation.
       - A bad setting raises ValueError in __init__, naming the key; train.py checks it before any work starts.
     """
     projections = ('q', 'k', 'v')  # what project returns, in order; None: the rule brings its own projections
     no_decay = ()                  # names of this module's parameters that AdamW must not decay
+    lr_scale = {}                  # {name of a parameter: its learning rate / the schedule's}; never mutated
+    stats = None                   # {name: tensor} a rule reports in eval mode; train.py logs it
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -304,12 +316,97 @@ class KrauseMixAttention(Attention):
         return g[..., :1] * y_softmax + g[..., 1:] * y_krause
 
 
+class ClusterAttention(Attention):
+    """
+    S_jc = softmax_c(s · cos(k_j, seed_c))                    soft assignment of key j to the head's m seeds
+    N_c = Σ_j S_jc,  K̄_c = Σ_j S_jc k_j / N_c,  V̄_c = Σ_j S_jc v_j / N_c     cluster mass, mean key, mean value
+    y_i = Σ_c softmax_c(q_i·K̄_c/√D + log N_c) V̄_c             (cluster attention, SPEC §4; seed 002's question 4)
+
+    Attention to m cluster summaries in place of T keys: O(T·m·D), and differentiable through the soft assignment.
+    The log-mass bias makes it exact when a cluster's keys coincide: N_c·exp(q·K̄_c/√D) = Σ_{j∈c} exp(q·k_j/√D).
+    Seeds and sharpness s are learned per head; an empty cluster (N_c = 0) gets -inf.
+      - ViT (causal=False): over the whole sequence, after `cluster_iters` soft spherical k-means refinements of
+        the seeds on the current keys (seed_c ← Σ_j S_jc k_j/‖k_j‖); `cluster_self` adds the query's own key as
+        one more exact entry of the softmax (its mass is then counted twice, once in its clusters).
+      - GPT (causal=True), blockwise: blocks of L = `cluster_block` tokens; a query attends exactly (causally) to
+        its own block and to the summaries of all strictly earlier blocks (exclusive cumulative sums of N, ΣSk,
+        ΣSv), one joint softmax over [local keys ; clusters]. S_jc depends on token j alone and nothing is
+        normalised along the sequence, so the past never depends on the future. O(T·(L + m)·D) time, memory
+        linear in T; with L >= T it is exactly causal softmax. The sequence is zero-padded to whole blocks.
+    Seeds: unit-norm (orthogonal where m <= D) at init. cos(k, seed) ignores a seed's norm, so the norm only sets
+    its step size: weight decay would shrink it and speed the seed up without bound, so seeds are not decayed
+    (`no_decay`), and their learning rate is `cluster_seed_lr` × the schedule's (`lr_scale`): Adam moves every
+    entry by about lr per step, and a unit seed's entries (~1/√D) are several times the Linears' (~0.02).
+    No flex path: the math path is already dense per-block matmuls, (L + m) keys per query, no T×T tensor.
+    `stats` (eval mode): per head, the perplexity of the mean assignment (how many clusters are in use, 1..m) and
+    the mean entropy of a key's assignment (0 = hard, log m = uniform).
+    """
+    no_decay = ('seeds',)
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        m, L, iters = config.cluster_m, config.cluster_block, config.cluster_iters
+        if m < 1:
+            raise ValueError(f"cluster_m must be >= 1, got {m}")
+        if L < 1:
+            raise ValueError(f"cluster_block must be >= 1, got {L}")
+        if iters < 0:
+            raise ValueError(f"cluster_iters must be >= 0, got {iters}")
+        if config.causal and (iters or config.cluster_self):
+            raise ValueError("cluster_iters and cluster_self are the bidirectional (ViT) form: refining the seeds on "
+                             "the sequence would let the past depend on the future, and the causal form already "
+                             "attends exactly to its own block; use cluster_iters=0, cluster_self=False")
+        if config.cluster_sharpness <= 0 or config.cluster_seed_lr <= 0:
+            raise ValueError(f"cluster_sharpness and cluster_seed_lr must be > 0, got {config.cluster_sharpness}, "
+                             f"{config.cluster_seed_lr}")
+        self.block, self.iters, self.self_term = L, iters, config.cluster_self
+        seeds = torch.stack([nn.init.orthogonal_(torch.empty(m, self.head_dim)) for _ in range(self.n_head)])
+        self.seeds = nn.Parameter(F.normalize(seeds, dim=-1))  # (H, m, D), unit rows, orthogonal per head if m <= D
+        self.log_sharpness = nn.Parameter(torch.full((self.n_head,), math.log(config.cluster_sharpness)))
+        self.lr_scale = {'seeds': config.cluster_seed_lr}
+
+    def assign(self, k, seeds):
+        """S: (B, H, T, m), each key's soft assignment to the seeds (H, m, D) or (B, H, m, D)."""
+        cos = F.normalize(k, dim=-1) @ F.normalize(seeds, dim=-1).transpose(-1, -2)
+        S = (self.log_sharpness.exp().view(-1, 1, 1) * cos).softmax(-1)
+        if not self.training and not torch.compiler.is_compiling():
+            self.stats = cluster_usage(S)
+        return S
+
+    def attend(self, q, k, v):
+        return self.attend_causal(q, k, v) if self.causal else self.attend_full(q, k, v)
+
+    def attend_full(self, q, k, v):
+        S = self.assign(k, self.seeds)
+        for _ in range(self.iters):  # soft spherical k-means on this sequence: each seed moves to its keys' direction
+            S = self.assign(k, S.transpose(-1, -2) @ F.normalize(k, dim=-1))  # seeds (B, H, m, D)
+        logits, mean_v = cluster_logits(q, S.sum(-2), S.transpose(-1, -2) @ k, S.transpose(-1, -2) @ v)
+        if not self.self_term:
+            return F.dropout(logits.softmax(-1), self.dropout, self.training) @ mean_v
+        own = (q * k).sum(-1, keepdim=True) / math.sqrt(q.size(-1))                # (B, H, T, 1)
+        weights = F.dropout(torch.cat([logits, own], -1).softmax(-1), self.dropout, self.training)
+        return weights[..., :-1] @ mean_v + weights[..., -1:] * v
+
+    def attend_causal(self, q, k, v):
+        T, L = q.size(2), min(self.block, q.size(2))
+        qb, kb, vb, Sb = (band_queries(t, L) for t in (q, k, v, self.assign(k, self.seeds)))  # (B, H, n, L, ·)
+        # what each block sees of the past: the sums over all strictly earlier blocks (block 0: nothing, N = 0)
+        mass, sum_k, sum_v = (exclusive_cumsum(t, 2) for t in (Sb.sum(-2), Sb.transpose(-1, -2) @ kb,
+                                                                Sb.transpose(-1, -2) @ vb))  # (B, H, n, m[, D])
+        logits, mean_v = cluster_logits(qb, mass, sum_k, sum_v)                 # (B, H, n, L, m), (B, H, n, m, D)
+        local = (qb @ kb.transpose(-1, -2)) / math.sqrt(q.size(-1))             # (B, H, n, L, L)
+        local = local.masked_fill(~band_mask(T, L, 0, L, q.device), float('-inf'))  # causal within the block
+        weights = F.dropout(torch.cat([local, logits], -1).softmax(-1), self.dropout, self.training)
+        return unband(weights[..., :L] @ vb + weights[..., L:] @ mean_v, T)  # (B, H, T, D)
+
+
 # -----------------------------------------------------------------------------
 # the table of rules: `attention=<name>` in a config picks the class
 
 ATTENTION = {
     'softmax': SoftmaxAttention,
     'krause': KrauseAttention,
+    'cluster': ClusterAttention,
 }
 
 
@@ -505,3 +602,29 @@ def kth_largest(x, k):
 def unband(y, T):  # (B, H, n, chunk, D) -> (B, H, T, D)
     B, H, n, chunk, D = y.shape
     return y.reshape(B, H, n * chunk, D)[:, :, :T]
+
+
+# -----------------------------------------------------------------------------
+# cluster summaries: attention to m (mass, mean key, mean value) triples in place of the keys they summarise
+
+def cluster_logits(q, mass, sum_k, sum_v):
+    """q (..., Tq, D), per-cluster mass (..., m), Σ S k and Σ S v (..., m, D) -> logits q·K̄/√D + log N (..., Tq, m)
+    with -inf for empty clusters, and the mean values V̄ (..., m, D)."""
+    N = mass.clamp_min(torch.finfo(mass.dtype).tiny).unsqueeze(-1)  # an empty cluster gives 0/tiny = 0, not NaN
+    logits = q @ (sum_k / N).transpose(-1, -2) / math.sqrt(q.size(-1)) + N.log().transpose(-1, -2)
+    return logits.masked_fill((mass == 0).unsqueeze(-2), float('-inf')), sum_v / N
+
+
+def exclusive_cumsum(x, dim):
+    """Σ of the entries strictly before each index along dim (the first gets 0): x[0] + ... + x[i-1]."""
+    head = x.narrow(dim, 0, x.size(dim) - 1).cumsum(dim)
+    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), head], dim)
+
+
+@torch.no_grad()
+def cluster_usage(S):
+    """Soft assignments S (B, H, T, m) -> {'perplexity': exp H(mean assignment), 'entropy': mean H(S_j)}, (H,) each:
+    how many of the m clusters a head uses, and how hard its assignment is (0: one cluster per key)."""
+    mean = S.mean((0, 2))  # (H, m)
+    return {'perplexity': torch.exp(-torch.special.xlogy(mean, mean).sum(-1)),
+            'entropy': -torch.special.xlogy(S, S).sum(-1).mean((0, 2))}
