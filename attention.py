@@ -367,37 +367,41 @@ class ClusterAttention(Attention):
 
     def assign(self, k, seeds):
         """S: (B, H, T, m), each key's soft assignment to the seeds (H, m, D) or (B, H, m, D)."""
-        cos = F.normalize(k, dim=-1) @ F.normalize(seeds, dim=-1).transpose(-1, -2)
-        S = (self.log_sharpness.exp().view(-1, 1, 1) * cos).softmax(-1)
+        seeds = F.normalize(seeds, dim=-1) * self.log_sharpness.exp().view(-1, 1, 1)  # s folded into the seeds
+        S = (F.normalize(k, dim=-1) @ seeds.transpose(-1, -2)).softmax(-1)
         if not self.training and not torch.compiler.is_compiling():
             self.stats = cluster_usage(S)
         return S
 
     def attend(self, q, k, v):
-        return self.attend_causal(q, k, v) if self.causal else self.attend_full(q, k, v)
+        kv1 = torch.cat([k, v, torch.ones_like(k[..., :1])], -1)  # (B, H, T, 2D+1): S-weighted sums give ΣSk, ΣSv, N
+        return (self.attend_blocks if self.causal else self.attend_all)(q / math.sqrt(q.size(-1)), k, v, kv1)
 
-    def attend_full(self, q, k, v):
+    def attend_all(self, q, k, v, kv1):  # bidirectional; q is already scaled by 1/√D
         S = self.assign(k, self.seeds)
-        for _ in range(self.iters):  # soft spherical k-means on this sequence: each seed moves to its keys' direction
+        for _ in range(self.iters):  # soft spherical k-means on this sequence: seeds move to their keys' direction
             S = self.assign(k, S.transpose(-1, -2) @ F.normalize(k, dim=-1))  # seeds (B, H, m, D)
-        logits, mean_v = cluster_logits(q, S.sum(-2), S.transpose(-1, -2) @ k, S.transpose(-1, -2) @ v)
+        mean_k, mean_v, log_mass = cluster_means(S.transpose(-1, -2) @ kv1, q.size(-1))  # (B, H, m, D), (B, H, m)
+        scores = q @ mean_k.transpose(-1, -2) + log_mass.unsqueeze(-2)                    # (B, H, T, m)
         if not self.self_term:
-            return F.dropout(logits.softmax(-1), self.dropout, self.training) @ mean_v
-        own = (q * k).sum(-1, keepdim=True) / math.sqrt(q.size(-1))                # (B, H, T, 1)
-        weights = F.dropout(torch.cat([logits, own], -1).softmax(-1), self.dropout, self.training)
+            return F.dropout(scores.softmax(-1), self.dropout, self.training) @ mean_v
+        scores = torch.cat([scores, (q * k).sum(-1, keepdim=True)], -1)                   # + the own key, exactly
+        weights = F.dropout(scores.softmax(-1), self.dropout, self.training)
         return weights[..., :-1] @ mean_v + weights[..., -1:] * v
 
-    def attend_causal(self, q, k, v):
-        T, L = q.size(2), min(self.block, q.size(2))
-        qb, kb, vb, Sb = (band_queries(t, L) for t in (q, k, v, self.assign(k, self.seeds)))  # (B, H, n, L, ·)
-        # what each block sees of the past: the sums over all strictly earlier blocks (block 0: nothing, N = 0)
-        mass, sum_k, sum_v = (exclusive_cumsum(t, 2) for t in (Sb.sum(-2), Sb.transpose(-1, -2) @ kb,
-                                                                Sb.transpose(-1, -2) @ vb))  # (B, H, n, m[, D])
-        logits, mean_v = cluster_logits(qb, mass, sum_k, sum_v)                 # (B, H, n, L, m), (B, H, n, m, D)
-        local = (qb @ kb.transpose(-1, -2)) / math.sqrt(q.size(-1))             # (B, H, n, L, L)
-        local = local.masked_fill(~band_mask(T, L, 0, L, q.device), float('-inf'))  # causal within the block
-        weights = F.dropout(torch.cat([local, logits], -1).softmax(-1), self.dropout, self.training)
-        return unband(weights[..., :L] @ vb + weights[..., L:] @ mean_v, T)  # (B, H, T, D)
+    def attend_blocks(self, q, k, v, kv1):  # causal, blockwise; q is already scaled by 1/√D
+        (B, H, T, D), L = q.shape, min(self.block, q.size(2))
+        qb, kvb, Sb = (band_queries(t, L) for t in (q, kv1, self.assign(k, self.seeds)))  # (B, H, n, L, ·)
+        # what each block sees of the past: Σ S·[k, v, 1] over all strictly earlier blocks (block 0: nothing, N = 0)
+        sums = exclusive_cumsum(Sb.transpose(-1, -2) @ kvb, 2)                             # (B, H, n, m, 2D+1)
+        mean_k, mean_v, log_mass = cluster_means(sums, D)
+        keys = torch.cat([kvb[..., :D], mean_k], -2)                                       # (B, H, n, L+m, D)
+        values = torch.cat([kvb[..., D:2 * D], mean_v], -2)
+        within = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~band_mask(T, L, 0, L, q.device),
+                                                                             float('-inf'))  # (n, L, L): causal
+        bias = torch.cat([within.expand(B, H, -1, -1, -1), log_mass.unsqueeze(-2).expand(-1, -1, -1, L, -1)], -1)
+        weights = F.dropout((qb @ keys.transpose(-1, -2) + bias).softmax(-1), self.dropout, self.training)
+        return unband(weights @ values, T)  # (B, H, T, D)
 
 
 # -----------------------------------------------------------------------------
@@ -607,12 +611,13 @@ def unband(y, T):  # (B, H, n, chunk, D) -> (B, H, T, D)
 # -----------------------------------------------------------------------------
 # cluster summaries: attention to m (mass, mean key, mean value) triples in place of the keys they summarise
 
-def cluster_logits(q, mass, sum_k, sum_v):
-    """q (..., Tq, D), per-cluster mass (..., m), Σ S k and Σ S v (..., m, D) -> logits q·K̄/√D + log N (..., Tq, m)
-    with -inf for empty clusters, and the mean values V̄ (..., m, D)."""
-    N = mass.clamp_min(torch.finfo(mass.dtype).tiny).unsqueeze(-1)  # an empty cluster gives 0/tiny = 0, not NaN
-    logits = q @ (sum_k / N).transpose(-1, -2) / math.sqrt(q.size(-1)) + N.log().transpose(-1, -2)
-    return logits.masked_fill((mass == 0).unsqueeze(-2), float('-inf')), sum_v / N
+def cluster_means(sums, D):
+    """Σ S·[k, v, 1] (..., m, 2D+1) -> mean keys, mean values (..., m, D) and log masses (..., m); an empty cluster
+    (mass 0) gets log mass -inf and zero means (0 / tiny), not NaN."""
+    mass = sums[..., -1]
+    safe = mass.clamp_min(torch.finfo(mass.dtype).tiny)  # no 0/0 in the forward, no 1/0 in the backward
+    log_mass = safe.log().masked_fill(mass == 0, float('-inf'))
+    return sums[..., :D] / safe.unsqueeze(-1), sums[..., D:2 * D] / safe.unsqueeze(-1), log_mass
 
 
 def exclusive_cumsum(x, dim):

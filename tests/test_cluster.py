@@ -33,7 +33,7 @@ def assignment(k, seeds, sharpness):  # k (D,), seeds (m, D) -> (m,)
 
 
 def joint_softmax(q, keys, values, clusters):
-    """softmax over exact keys (q·k/√D) and clusters (q·K̄/√D + log N, skipped when empty), then Σ weight·value."""
+    """softmax over exact keys (q·k/√D) and clusters (q·K̄/√D + log N; none if empty), then Σ weight·value."""
     scale = 1 / math.sqrt(q.numel())
     scores = [q @ k * scale for k in keys]
     outs = list(values)
@@ -47,7 +47,6 @@ def joint_softmax(q, keys, values, clusters):
 
 def reference(q, k, v, seeds, sharpness, causal, L=4, iters=0, self_term=False):
     B, H, T, D = q.shape
-    y = torch.zeros(B, H, T, D, dtype=q.dtype)
     y = [[[None] * T for _ in range(H)] for _ in range(B)]
     for b in range(B):
         for h in range(H):
@@ -138,7 +137,8 @@ def test_gpt_is_causal(L):
     assert_causal(model, T=39, cut=21)
 
 
-@pytest.mark.parametrize('kw', [dict(T=7, cluster_block=3), dict(T=6, causal=False, cluster_iters=1, cluster_self=True)])
+@pytest.mark.parametrize('kw', [dict(T=7, cluster_block=3),
+                                dict(T=6, causal=False, cluster_iters=1, cluster_self=True)])
 def test_gradcheck(kw):
     # finite differences in float64 for every input: q, k, v, the seeds and the sharpness
     attn = make(H=2, D=3, cluster_m=3, **kw)
