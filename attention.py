@@ -393,8 +393,9 @@ class ClusterAttention(Attention):
         (B, H, T, D), L = q.shape, min(self.block, q.size(2))
         qb, kvb, Sb = (band_queries(t, L) for t in (q, kv1, self.assign(k, self.seeds)))  # (B, H, n, L, ·)
         # what each block sees of the past: Σ S·[k, v, 1] over all strictly earlier blocks (block 0: nothing, N = 0)
-        sums = exclusive_cumsum(Sb.transpose(-1, -2) @ kvb, 2)                             # (B, H, n, m, 2D+1)
-        mean_k, mean_v, log_mass = cluster_means(sums, D)
+        running = torch.promote_types(q.dtype, torch.float32)  # sums over many blocks: bf16 would drift
+        sums = exclusive_cumsum((Sb.transpose(-1, -2) @ kvb).to(running), 2)              # (B, H, n, m, 2D+1)
+        mean_k, mean_v, log_mass = (t.to(q.dtype) for t in cluster_means(sums, D))
         keys = torch.cat([kvb[..., :D], mean_k], -2)                                       # (B, H, n, L+m, D)
         values = torch.cat([kvb[..., D:2 * D], mean_v], -2)
         within = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~band_mask(T, L, 0, L, q.device),
