@@ -59,6 +59,12 @@ class AttentionConfig:
     tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
     tda_chunk: int = 2**18       # TDA math path: weights per head a query chunk may hold (tda_chunk // T queries)
     tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
+    cluster_m: int = 16          # cluster: seeds (clusters) per head
+    cluster_block: int = 64      # cluster GPT: tokens per block; exact within it, cluster summaries of earlier blocks
+    cluster_iters: int = 0       # cluster ViT: soft k-means refinements of the seeds on each sequence (0 = none)
+    cluster_self: bool = False   # cluster ViT: each query also attends exactly to its own key
+    cluster_sharpness: float = 10.0  # cluster: initial sharpness s of the assignment (learned per head, log_sharpness)
+    cluster_seed_lr: float = 10.0    # cluster: the seeds' learning rate, as a multiple of learning_rate
 
 
 # -----------------------------------------------------------------------------
@@ -82,10 +88,16 @@ class Attention(nn.Module):
         Embeddings).
       - AdamW decays every parameter with two or more dimensions; name a rule's parameters in `no_decay` (a tuple
         of attribute names) to exempt them (seeds, per-head tables).
+      - `lr_scale` ({attribute name: factor}) gives a parameter its own learning rate, factor × the schedule's:
+        configure_adamw puts it in a param group with `lr_scale`, and train.py sets each group's lr to lr × that.
+      - `stats` (None, or {name: tensor}) is what a rule reports about itself, set in eval mode (cluster usage);
+        train.py prints it per layer at every evaluation.
       - A bad setting raises ValueError in __init__, naming the key; train.py checks it before any work starts.
     """
     projections = ('q', 'k', 'v')  # what project returns, in order; None: the rule brings its own projections
     no_decay = ()                  # names of this module's parameters that AdamW must not decay
+    lr_scale = {}                  # {name of a parameter: its learning rate / the schedule's}; never mutated
+    stats = None                   # {name: tensor} a rule reports in eval mode; train.py logs it
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -466,6 +478,93 @@ class ThresholdDifferentialAttention(Attention):
         *qk, v = tensors
         T = v.size(2)
         return self.weights([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
+class ClusterAttention(Attention):
+    """
+    S_jc = softmax_c(s · cos(k_j, seed_c))                    soft assignment of key j to the head's m seeds
+    N_c = Σ_j S_jc,  K̄_c = Σ_j S_jc k_j / N_c,  V̄_c = Σ_j S_jc v_j / N_c     cluster mass, mean key, mean value
+    y_i = Σ_c softmax_c(q_i·K̄_c/√D + log N_c) V̄_c             (cluster attention, SPEC §4; seed 002's question 4)
+
+    Attention to m cluster summaries in place of T keys: O(T·m·D), and differentiable through the soft assignment.
+    The log-mass bias makes it exact when a cluster's keys coincide: N_c·exp(q·K̄_c/√D) = Σ_{j∈c} exp(q·k_j/√D).
+    Seeds and sharpness s are learned per head; an empty cluster (N_c = 0) gets -inf.
+      - ViT (causal=False): over the whole sequence, after `cluster_iters` soft spherical k-means refinements of
+        the seeds on the current keys (seed_c ← Σ_j S_jc k_j/‖k_j‖); `cluster_self` adds the query's own key as
+        one more exact entry of the softmax (its mass is then counted twice, once in its clusters).
+      - GPT (causal=True), blockwise: blocks of L = `cluster_block` tokens; a query attends exactly (causally) to
+        its own block and to the summaries of all strictly earlier blocks (exclusive cumulative sums of N, ΣSk,
+        ΣSv), one joint softmax over [local keys ; clusters]. S_jc depends on token j alone and nothing is
+        normalised along the sequence, so the past never depends on the future. O(T·(L + m)·D) time, memory
+        linear in T; with L >= T it is exactly causal softmax. The sequence is zero-padded to whole blocks.
+    Seeds: unit-norm (orthogonal where m <= D) at init. cos(k, seed) ignores a seed's norm, so the norm only sets
+    its step size: weight decay would shrink it and speed the seed up without bound, so seeds are not decayed
+    (`no_decay`), and their learning rate is `cluster_seed_lr` × the schedule's (`lr_scale`): Adam moves every
+    entry by about lr per step, and a unit seed's entries (~1/√D) are several times the Linears' (~0.02).
+    No flex path: the math path is already dense per-block matmuls, (L + m) keys per query, no T×T tensor.
+    `stats` (eval mode): per head, the perplexity of the mean assignment (how many clusters are in use, 1..m) and
+    the mean entropy of a key's assignment (0 = hard, log m = uniform).
+    """
+    no_decay = ('seeds',)
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        m, L, iters = config.cluster_m, config.cluster_block, config.cluster_iters
+        if m < 1:
+            raise ValueError(f"cluster_m must be >= 1, got {m}")
+        if L < 1:
+            raise ValueError(f"cluster_block must be >= 1, got {L}")
+        if iters < 0:
+            raise ValueError(f"cluster_iters must be >= 0, got {iters}")
+        if config.causal and (iters or config.cluster_self):
+            raise ValueError("cluster_iters and cluster_self are the bidirectional (ViT) form: refining the seeds on "
+                             "the sequence would let the past depend on the future, and the causal form already "
+                             "attends exactly to its own block; use cluster_iters=0, cluster_self=False")
+        if config.cluster_sharpness <= 0 or config.cluster_seed_lr <= 0:
+            raise ValueError(f"cluster_sharpness and cluster_seed_lr must be > 0, got {config.cluster_sharpness}, "
+                             f"{config.cluster_seed_lr}")
+        self.block, self.iters, self.self_term = L, iters, config.cluster_self
+        seeds = torch.stack([nn.init.orthogonal_(torch.empty(m, self.head_dim)) for _ in range(self.n_head)])
+        self.seeds = nn.Parameter(F.normalize(seeds, dim=-1))  # (H, m, D), unit rows, orthogonal per head if m <= D
+        self.log_sharpness = nn.Parameter(torch.full((self.n_head,), math.log(config.cluster_sharpness)))
+        self.lr_scale = {'seeds': config.cluster_seed_lr}
+
+    def assign(self, k, seeds):
+        """S: (B, H, T, m), each key's soft assignment to the seeds (H, m, D) or (B, H, m, D)."""
+        seeds = F.normalize(seeds, dim=-1) * self.log_sharpness.exp().view(-1, 1, 1)  # s folded into the seeds
+        S = (F.normalize(k, dim=-1) @ seeds.transpose(-1, -2)).softmax(-1)
+        if not self.training and not torch.compiler.is_compiling():
+            self.stats = cluster_usage(S)
+        return S
+
+    def attend(self, q, k, v):
+        kv1 = torch.cat([k, v, torch.ones_like(k[..., :1])], -1)  # (B, H, T, 2D+1): S-weighted sums give ΣSk, ΣSv, N
+        return (self.attend_blocks if self.causal else self.attend_all)(q / math.sqrt(q.size(-1)), k, v, kv1)
+
+    def attend_all(self, q, k, v, kv1):  # bidirectional; q is already scaled by 1/√D
+        S = self.assign(k, self.seeds)
+        for _ in range(self.iters):  # soft spherical k-means on this sequence: seeds move to their keys' direction
+            S = self.assign(k, S.transpose(-1, -2) @ F.normalize(k, dim=-1))  # seeds (B, H, m, D)
+        mean_k, mean_v, log_mass = cluster_means(S.transpose(-1, -2) @ kv1, q.size(-1))  # (B, H, m, D), (B, H, m)
+        scores = q @ mean_k.transpose(-1, -2) + log_mass.unsqueeze(-2)                    # (B, H, T, m)
+        if not self.self_term:
+            return F.dropout(scores.softmax(-1), self.dropout, self.training) @ mean_v
+        scores = torch.cat([scores, (q * k).sum(-1, keepdim=True)], -1)                   # + the own key, exactly
+        weights = F.dropout(scores.softmax(-1), self.dropout, self.training)
+        return weights[..., :-1] @ mean_v + weights[..., -1:] * v
+
+    def attend_blocks(self, q, k, v, kv1):  # causal, blockwise; q is already scaled by 1/√D
+        (B, H, T, D), L = q.shape, min(self.block, q.size(2))
+        qb, kvb, Sb = (band_queries(t, L) for t in (q, kv1, self.assign(k, self.seeds)))  # (B, H, n, L, ·)
+        # what each block sees of the past: Σ S·[k, v, 1] over all strictly earlier blocks (block 0: nothing, N = 0)
+        running = torch.promote_types(q.dtype, torch.float32)  # sums over many blocks: bf16 would drift
+        sums = exclusive_cumsum((Sb.transpose(-1, -2) @ kvb).to(running), 2)              # (B, H, n, m, 2D+1)
+        mean_k, mean_v, log_mass = (t.to(q.dtype) for t in cluster_means(sums, D))
+        keys = torch.cat([kvb[..., :D], mean_k], -2)                                       # (B, H, n, L+m, D)
+        values = torch.cat([kvb[..., D:2 * D], mean_v], -2)
+        within = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~band_mask(T, L, 0, L, q.device),
+                                                                             float('-inf'))  # (n, L, L): causal
+        bias = torch.cat([within.expand(B, H, -1, -1, -1), log_mass.unsqueeze(-2).expand(-1, -1, -1, L, -1)], -1)
+        weights = F.dropout((qb @ keys.transpose(-1, -2) + bias).softmax(-1), self.dropout, self.training)
+        return unband(weights @ values, T)  # (B, H, T, D)
 
 
 # -----------------------------------------------------------------------------
@@ -476,6 +575,7 @@ ATTENTION = {
     'krause': KrauseAttention,
     'attentionx': AttentionX,
     'tda': ThresholdDifferentialAttention,
+    'cluster': ClusterAttention,
 }
 
 
@@ -701,3 +801,30 @@ def recompute_in_backward(fn, *args):
     if not torch.is_grad_enabled():
         return fn(*args)
     return checkpoint(fn, *args, use_reentrant=False)
+
+
+# -----------------------------------------------------------------------------
+# cluster summaries: attention to m (mass, mean key, mean value) triples in place of the keys they summarise
+
+def cluster_means(sums, D):
+    """Σ S·[k, v, 1] (..., m, 2D+1) -> mean keys, mean values (..., m, D) and log masses (..., m); an empty cluster
+    (mass 0) gets log mass -inf and zero means (0 / tiny), not NaN."""
+    mass = sums[..., -1]
+    safe = mass.clamp_min(torch.finfo(mass.dtype).tiny)  # no 0/0 in the forward, no 1/0 in the backward
+    log_mass = safe.log().masked_fill(mass == 0, float('-inf'))
+    return sums[..., :D] / safe.unsqueeze(-1), sums[..., D:2 * D] / safe.unsqueeze(-1), log_mass
+
+
+def exclusive_cumsum(x, dim):
+    """Σ of the entries strictly before each index along dim (the first gets 0): x[0] + ... + x[i-1]."""
+    head = x.narrow(dim, 0, x.size(dim) - 1).cumsum(dim)
+    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), head], dim)
+
+
+@torch.no_grad()
+def cluster_usage(S):
+    """Soft assignments S (B, H, T, m) -> {'perplexity': exp H(mean assignment), 'entropy': mean H(S_j)}, (H,) each:
+    how many of the m clusters a head uses, and how hard its assignment is (0: one cluster per key)."""
+    mean = S.mean((0, 2))  # (H, m)
+    return {'perplexity': torch.exp(-torch.special.xlogy(mean, mean).sum(-1)),
+            'entropy': -torch.special.xlogy(S, S).sum(-1).mean((0, 2))}

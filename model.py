@@ -175,11 +175,18 @@ class GPT(nn.Module):
 
 def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
     """AdamW with weight decay on matrices (Linears, embeddings) only; biases, norms, scalars and the parameters a
-    rule names in its `no_decay` (Attention's contract) are not decayed."""
+    rule names in its `no_decay` (Attention's contract) are not decayed. Parameters a rule names in its `lr_scale`
+    go in groups of their own, marked with the factor; train.py sets each group's lr to the schedule's × it."""
     exempt = {id(getattr(m, name)) for m in model.modules() for name in getattr(m, 'no_decay', ())}
+    scale = {id(getattr(m, name)): f for m in model.modules() for name, f in getattr(m, 'lr_scale', {}).items()}
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2 and id(p) not in exempt]
-    no_decay = [p for p in params if p.dim() < 2 or id(p) in exempt]
-    groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+    groups = []
+    for factor in [1.0] + sorted(set(scale.values()) - {1.0}):
+        mine = [p for p in params if scale.get(id(p), 1.0) == factor]
+        decay = [p for p in mine if p.dim() >= 2 and id(p) not in exempt]
+        no_decay = [p for p in mine if p.dim() < 2 or id(p) in exempt]
+        groups += [{'params': decay, 'weight_decay': weight_decay, 'lr_scale': factor},
+                   {'params': no_decay, 'weight_decay': 0.0, 'lr_scale': factor}]
+    groups = groups[:2] + [g for g in groups[2:] if g['params']]  # always decay, no_decay first
     use_fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if use_fused else {}))

@@ -318,6 +318,12 @@ def estimate_loss():
     return out
 
 
+def layer_stats(model):
+    """[(module name, stats)] of the attention rules that report on themselves (Attention.stats, set in eval
+    mode; the last evaluation batch's), e.g. cluster usage. Printed as means over heads."""
+    return [(name, m.stats) for name, m in model.named_modules() if getattr(m, 'stats', None)]
+
+
 def get_lr(it):
     if it < warmup_iters:  # linear warm-up
         return learning_rate * (it + 1) / (warmup_iters + 1)
@@ -380,7 +386,7 @@ log = tqdm.write
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for param_group in optimizer.param_groups:
-        param_group['lr'] = lr
+        param_group['lr'] = lr * param_group.get('lr_scale', 1.0)  # a rule's own rate for some parameters (seeds)
 
     # evaluate the loss on train/val sets and write checkpoints; the last iteration is always evaluated
     if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
@@ -388,6 +394,8 @@ while True:
         if master_process:
             acc = f", val acc {losses['val_acc']:.4f}" if has_accuracy else ''
             log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{acc}")
+            for name, stats in layer_stats(raw_model):
+                log(f"  {name}: " + ', '.join(f"{k} {v.float().mean():.3f}" for k, v in stats.items()))
         if not math.isfinite(losses['val']):
             fail(f"val loss is {losses['val']} at iteration {iter_num}; the last good checkpoint is kept in "
                  f"{ckpt_path}; lower learning_rate or check the data")
