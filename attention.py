@@ -102,7 +102,8 @@ class Attention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         if config.n_head < 1 or config.n_embd % config.n_head:
-            raise ValueError(f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head}")
+            raise ValueError(f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head}; pass e.g. "
+                             f"--n_embd={max(1, config.n_head) * max(1, config.n_embd // max(1, config.n_head))}")
         self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
         self.causal, self.flex, self.dropout = config.causal, config.flex, config.dropout
         if self.projections is None:

@@ -31,10 +31,34 @@ def _checked(key, value, where):
     _config_error(f"{key} expects {type(default).__name__} (like {default!r}), got {value!r} in {where}")
 
 
+def _comments():
+    """{key: the comment beside its first assignment}, read from the script's source, then from the sources of the
+    repo modules it imported (the model dataclasses' keys: `window: int = 0  # ...`)."""
+    import io, os, sys, tokenize
+    here = os.path.dirname(os.path.abspath(__file__))
+    modules = (getattr(m, '__file__', None) or '' for m in list(sys.modules.values()))
+    files = [os.path.abspath(__file__)] + sorted(f for f in modules if os.path.isabs(f) and os.path.dirname(f) == here)
+    comments = {}
+    for path in files:
+        line_start = {}  # line number -> the name that starts it, when it is `name =` or `name: type =`
+        with open(path, encoding='utf-8') as f:
+            for tok in tokenize.generate_tokens(io.StringIO(f.read()).readline):
+                row = tok.start[0]
+                if tok.type == tokenize.NAME and row not in line_start and tok.line[:tok.start[1]].strip() == '':
+                    rest = tok.line[tok.end[1]:].lstrip()
+                    line_start[row] = tok.string if rest[:1] in (':', '=') and rest[:2] != '==' else None
+                elif tok.type == tokenize.COMMENT and line_start.get(row) in _keys:
+                    comments.setdefault(line_start[row], tok.string.lstrip('# '))
+    return comments
+
+
 for _arg in __import__('sys').argv[1:]:
     if _arg in ('-h', '--help'):
         print(f"usage: python {__import__('sys').argv[0]} [config/x.py ...] [--key=value ...]; keys and defaults:")
-        print('\n'.join(f"  --{_k}={_v}" for _k, _v in _keys.items()))
+        _lines = [f"  --{_k}={_v if not isinstance(_v, str) or _v.isprintable() else repr(_v)}" for _k, _v in _keys.items()]
+        _notes = _comments()
+        _width = max(map(len, _lines))
+        print('\n'.join(f"{_l:<{_width}}  # {_notes[_k]}" if _k in _notes else _l for _l, _k in zip(_lines, _keys)))
         raise SystemExit(0)
     if not _arg.startswith('--'):  # a config file
         try:

@@ -23,6 +23,10 @@ class GPTConfig(AttentionConfig):
     tie_weights: bool = True  # share the token embedding with the output head
     drop_path: float = 0.0   # stochastic depth, linear over depth (ViT); 0 for the GPT
 
+    def __post_init__(self):  # checked with the config, so train.py can check it before any work
+        if self.pos_emb not in ('learned', 'rope'):
+            raise ValueError(f"pos_emb must be 'learned' or 'rope', got '{self.pos_emb}'")
+
 
 class LayerNorm(nn.Module):
     """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1 on every path)."""
@@ -108,8 +112,6 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         assert config.vocab_size is not None and config.block_size is not None
-        if config.pos_emb not in ('learned', 'rope'):
-            raise ValueError(f"pos_emb must be 'learned' or 'rope', got '{config.pos_emb}'")
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),

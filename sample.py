@@ -3,18 +3,22 @@ Sample text from a trained GPT checkpoint, decoding with the dataset meta stored
 
 $ python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3
 $ python sample.py --start=FILE:prompt.txt
+
+On a recall checkpoint (the default `python train.py`), with no --start, it shows recall episodes instead: the
+pairs, the queries, the model's answers beside the truth, and the accuracy.
 """
 import os
 
 import torch
 
 from model import GPT, GPTConfig
+from prepare.recall import make_examples
 from runtime import load_checkpoint, precision
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
 start = "\n"              # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
-num_samples = 10          # number of samples to draw
+num_samples = 10          # number of samples to draw (recall: episodes to show)
 max_new_tokens = 500      # number of tokens generated in each sample
 temperature = 0.8         # 1.0 = no change, < 1.0 = less random, > 1.0 = more random, in predictions
 top_k = 200               # retain only the top_k most likely tokens, clamp others to have 0 probability
@@ -30,12 +34,61 @@ def codec(meta):
     if meta['encoding'] == 'chars':
         itos = meta['itos']
         stoi = {ch: i for i, ch in enumerate(itos)}
-        return (lambda s: [stoi[c] for c in s if c in stoi]), (lambda ids: ''.join(itos[i] for i in ids))
+        return (lambda s: [stoi[c] for c in known_chars(s, stoi)]), (lambda ids: ''.join(itos[i] for i in ids))
     if meta['encoding'] == 'gpt2':
         import tiktoken
         enc = tiktoken.get_encoding('gpt2')
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
-    return (lambda s: [int(t) for t in s.split()]), (lambda ids: ' '.join(map(str, ids)))  # e.g. the recall task
+    return (lambda s: token_ids(s, meta['vocab_size'])), (lambda ids: ' '.join(map(str, ids)))  # e.g. the recall task
+
+
+def known_chars(text, stoi):
+    """text, or SystemExit naming the characters the model never saw (rather than dropping them)."""
+    unknown = sorted(set(text) - set(stoi))
+    if unknown:
+        raise SystemExit(f"error: the prompt has {len(unknown)} character(s) this model never saw: "
+                         f"{' '.join(map(repr, unknown[:20]))}; remove or replace them (it knows {''.join(stoi)!r})")
+    return text
+
+
+def token_ids(text, vocab_size):
+    """Token ids written as numbers, or SystemExit saying what this model reads."""
+    try:
+        ids = [int(t) for t in text.split()]
+    except ValueError:
+        ids = [-1]
+    if any(not 0 <= i < vocab_size for i in ids):
+        raise SystemExit(f"error: this model reads token ids 0..{vocab_size - 1} separated by spaces, got {text!r}")
+    return ids
+
+
+def word(token, num_keys):
+    """A recall token as it reads: keys k0.., values v0.."""
+    return f"k{token}" if token < num_keys else f"v{token - num_keys}"
+
+
+@torch.no_grad()
+def recall_episodes(model, task, shown, device, seed, n=1000):
+    """n fresh recall episodes (another seed than train and val): print `shown` of them, the model's answer at each
+    query beside the truth (wrong ones marked *), and the accuracy over all n, as train.py's val acc counts it."""
+    K, P = task['num_keys'], task['num_pairs']
+    x, y = (torch.from_numpy(a.astype('int64')).to(device) for a in make_examples(n, K, P, task['seq_len'], seed))
+    logits, _ = model(x, y)
+    answer, asked = logits.argmax(-1), y != -1
+    print(f"recall: {P} key-value pairs over {K} keys, then queries; keys k0..k{K - 1} are tokens 0..{K - 1}, "
+          f"values v0..v{K - 1} are tokens {K}..{2 * K - 1}")
+    for e in range(min(shown, n)):
+        where = asked[e].nonzero().flatten().tolist()
+        rows = {'queries': [word(x[e, t].item(), K) for t in where],
+                'model': [word(answer[e, t].item(), K) + ('' if answer[e, t] == y[e, t] else '*') for t in where],
+                'truth': [word(y[e, t].item(), K) for t in where]}
+        pairs = ' '.join(f"{word(x[e, 2 * i].item(), K)}={word(x[e, 2 * i + 1].item(), K)}" for i in range(P))
+        right = sum(not w.endswith('*') for w in rows['model'])
+        print(f"episode {e + 1}: pairs {pairs}; {right}/{len(where)} right")
+        for name, row in rows.items():
+            print(f"  {name:<8}" + ' '.join(f"{w:<4}" for w in row).rstrip())
+    accuracy = (answer == y)[asked].float().mean().item()
+    print(f"accuracy {accuracy:.4f} over {n:,} fresh episodes ({asked.sum().item():,} answers; chance 1/{K} = {1 / K:.4f})")
 
 
 def load_gpt(ckpt_path, device):
@@ -56,10 +109,17 @@ if __name__ == '__main__':
     device_type, ptdtype, ctx = precision(device, dtype)
     model, meta = load_gpt(os.path.join(out_dir, 'ckpt.pt'), device)
     model.eval().to(device)
+    if 'task' in meta and start == '\n':  # a recall model and no prompt: show what it learned
+        recall_episodes(model, meta['task'], num_samples, device, seed)
+        raise SystemExit(0)
     encode, decode = codec(meta)
     if start.startswith('FILE:'):
-        with open(start[5:], 'r', encoding='utf-8') as f:
-            start = f.read()
+        try:
+            with open(start[5:], 'r', encoding='utf-8') as f:
+                start = f.read()
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: cannot read the prompt file {start[5:]} ({e}); give --start=FILE:PATH of a "
+                             f"UTF-8 text file, or the prompt itself")
     start_ids = encode(start)
     if not start_ids:
         raise SystemExit(f"error: the prompt {start!r} has no token this model knows; give another --start")

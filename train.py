@@ -13,7 +13,6 @@ $ python train.py config/shakespeare_char.py --device=cpu --compile=False
 DDP on one node (NCCL on CUDA, gloo on CPU):
 $ torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
 """
-import json
 import math
 import os
 import time
@@ -29,36 +28,38 @@ from attention import AttentionConfig, check_attention_name
 from augment import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, mixup_cutmix, normalize,
                      one_hot_smooth, random_crop, random_flip)
 from model import GPT, GPTConfig
-from prepare import check_dataset_name, dataset_kind, prepare_dataset
-from runtime import dataclass_defaults, dataclass_values, load_checkpoint, peak_flops, precision
+from prepare import (check_dataset_dir, check_dataset_name, check_files, dataset_kind, prepare_dataset,
+                     val_tokens_needed)
+from runtime import (check_attention_layers, dataclass_defaults, dataclass_values, load_checkpoint, peak_flops,
+                     precision)
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
 # default config values: a 2-layer GPT learning multi-query associative recall, offline, on a CPU
 # I/O
-out_dir = 'out'
-eval_interval = 100
-log_interval = 10
-eval_iters = 20
+out_dir = 'out'             # ckpt.pt goes here
+eval_interval = 100         # evaluate (and write ckpt.pt) every this many iterations
+log_interval = 10           # print the training loss every this many iterations
+eval_iters = 20             # batches per split in an evaluation
 eval_only = False           # evaluate once and exit
 always_save_checkpoint = True  # else only when val loss improves
-init_from = 'scratch'       # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = 'scratch'       # 'scratch', 'resume' (from out_dir/ckpt.pt), or 'auto': resume if it exists
 # data
 dataset = 'recall'          # a name in prepare.DATASETS
 data_dir = ''               # default: data/<dataset>
 data_source = ''            # a local copy of the dataset to prepare from instead of downloading
 gradient_accumulation_steps = 1  # per optimizer step, summed over all processes
 batch_size = 256            # micro-batch size per process
-block_size = 32
+block_size = 32             # tokens per sequence (text: the context length)
 recall_keys = 16            # recall task: key vocabulary, pairs per sequence (sequence length = block_size)
-recall_pairs = 4
+recall_pairs = 4            # (recall_pairs <= recall_keys, 2 * recall_pairs < block_size)
 hellaswag = False           # GPT-2 BPE models: HellaSwag acc_norm at every evaluation
 hellaswag_source = ''       # a local hellaswag_val.jsonl instead of the download
 # model
-n_layer = 2
-n_head = 4
-n_embd = 128
-dropout = 0.0
+n_layer = 2                 # transformer blocks
+n_head = 4                  # attention heads; must divide n_embd
+n_embd = 128                # model width
+dropout = 0.0               # dropout probability everywhere in the model; in [0, 1)
 bias = False
 attention = 'softmax'       # a key of attention.ATTENTION
 flex = False                # flex_attention path on CUDA
@@ -73,24 +74,24 @@ augment = True              # random crop of the 4-pixel zero-padded image, and 
 mixup_alpha = 0.0           # MixUp with lam ~ Beta(a, a); 0 disables
 cutmix_alpha = 0.0          # CutMix with lam ~ Beta(a, a); 0 disables
 cutmix_prob = 0.8           # with both on, CutMix on this fraction of batches and MixUp on the rest
-label_smoothing = 0.0
+label_smoothing = 0.0       # images: in [0, 1)
 # AdamW
-learning_rate = 1e-3
-max_iters = 600
+learning_rate = 1e-3        # peak, after warm-up
+max_iters = 600             # the last iteration; training stops after it
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.99
 grad_clip = 1.0             # 0 disables
 # learning rate: linear warm-up, then cosine decay to min_lr
-decay_lr = True
-warmup_iters = 50
-lr_decay_iters = 600
-min_lr = 1e-4
+decay_lr = True             # else learning_rate throughout
+warmup_iters = 50           # linear warm-up iterations
+lr_decay_iters = 600        # cosine ends here (> warmup_iters); usually max_iters
+min_lr = 1e-4               # after lr_decay_iters; usually learning_rate / 10
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # or 'cpu', 'cuda:1', 'mps'
-dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float32'
+dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float32'  # CUDA autocast
 compile = True              # torch.compile the model (CUDA only)
-seed = 1337
+seed = 1337                 # model init, dropout and batches
 # every attention variant's own keys (window, ...) are config keys too, with the variant's defaults
 globals().update(dataclass_defaults(AttentionConfig, globals()))
 # -----------------------------------------------------------------------------
@@ -104,28 +105,60 @@ def fail(msg):
     raise SystemExit(f"error: {msg}")
 
 
-# check what can be checked before any work is done
+# check every setting before any work is done: each bad value ends in one `error:` line that names it and the fix
 try:
     check_attention_name(attention)
     check_dataset_name(dataset)
 except ValueError as e:
     fail(e)
+for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval', 'log_interval',
+            'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs'):  # sizes and intervals
+    if globals()[key] < 1:
+        fail(f"{key}={globals()[key]} must be at least 1; pass --{key}=1 or more")
+for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'num_classes', 'min_lr', 'weight_decay',
+            'grad_clip', 'mixup_alpha', 'cutmix_alpha'):
+    if globals()[key] < 0:
+        fail(f"{key}={globals()[key]} must not be negative; pass --{key}=0 or more")
+for key in ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing'):  # probabilities and decay rates
+    if not 0.0 <= globals()[key] < 1.0:
+        fail(f"{key}={globals()[key]} must be at least 0 and below 1; pass --{key}=VALUE in [0, 1)")
+if not 0.0 <= cutmix_prob <= 1.0:
+    fail(f"cutmix_prob={cutmix_prob} is a probability; pass --cutmix_prob=VALUE in [0, 1]")
+if not learning_rate > 0:
+    fail(f"learning_rate={learning_rate} must be positive; pass e.g. --learning_rate=1e-3")
+if decay_lr and lr_decay_iters <= warmup_iters:  # the cosine runs from warmup_iters to lr_decay_iters
+    fail(f"lr_decay_iters={lr_decay_iters} must be greater than warmup_iters={warmup_iters}; pass "
+         f"--lr_decay_iters={max(max_iters, warmup_iters + 1)} (usually max_iters), a smaller --warmup_iters, "
+         f"or --decay_lr=False")
+if gradient_accumulation_steps % int(os.environ.get('WORLD_SIZE', 1)):
+    fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
+         f"{os.environ['WORLD_SIZE']} processes; pass a multiple of {os.environ['WORLD_SIZE']}")
+if dataset == 'recall' and (recall_pairs > recall_keys or 2 * recall_pairs >= block_size):
+    fail(f"recall_pairs={recall_pairs} must be at most recall_keys={recall_keys} and below block_size/2="
+         f"{block_size / 2:g} (the pairs, then queries); pass a smaller --recall_pairs or a larger --recall_keys "
+         f"or --block_size")
 if dtype not in ('float32', 'bfloat16', 'float16'):
     fail(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{dtype}'")
-if init_from not in ('scratch', 'resume'):
-    fail(f"init_from must be 'scratch' or 'resume', got '{init_from}'")
+if init_from not in ('scratch', 'resume', 'auto'):
+    fail(f"init_from must be 'scratch', 'resume' or 'auto' (resume if out_dir holds a checkpoint), got '{init_from}'")
+try:
+    device_type = torch.device(device).type
+except RuntimeError:
+    fail(f"device='{device}' is not a device; pass --device=cpu, cuda, cuda:1 or mps")
+if device_type == 'cuda' and not torch.cuda.is_available() or device_type == 'mps' and not torch.backends.mps.is_available():
+    fail(f"device='{device}' is not available on this machine; pass --device=cpu")
 kind = dataset_kind(dataset)
+if hellaswag and kind != 'text':
+    fail(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {dataset}; pass --hellaswag=False")
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
-# the model: a ViT for images, a GPT otherwise; its settings are checked now, the sizes from the data come later
+# the model: a ViT for images, a GPT otherwise; its settings and every attention layer's own checks run now,
+# before any data is prepared; the sizes from the data come later
 ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
 model_args = dataclass_values(ModelConfig, globals())
 try:
-    ModelConfig(**model_args)
+    check_attention_layers(ModelConfig(**model_args))
 except ValueError as e:
     fail(e)
-if not 0.0 <= label_smoothing < 1.0 or mixup_alpha < 0 or cutmix_alpha < 0 or not 0.0 <= cutmix_prob <= 1.0:
-    fail(f"need 0 <= label_smoothing < 1, mixup_alpha >= 0, cutmix_alpha >= 0 and 0 <= cutmix_prob <= 1; got "
-         f"{label_smoothing}, {mixup_alpha}, {cutmix_alpha}, {cutmix_prob}")
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
@@ -135,9 +168,6 @@ if ddp:
         device = f'cuda:{ddp_local_rank}'
         torch.cuda.set_device(device)
     dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
-    if gradient_accumulation_steps % ddp_world_size:
-        fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
-             f"{ddp_world_size} processes")
 else:
     ddp_rank, ddp_local_rank, ddp_world_size = 0, 0, 1
 master_process = ddp_rank == 0
@@ -157,12 +187,16 @@ device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU ru
 # data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch
 if master_process:
     try:
+        check_dataset_dir(dataset, data_dir)  # a damaged folder, or another dataset's, is never written to
         prepare_dataset(dataset, data_dir, data_source, config)
     except (OSError, RuntimeError, ValueError) as e:
         fail(e)
 if ddp:
     dist.barrier()
-meta = json.load(open(os.path.join(data_dir, 'meta.json')))
+try:
+    meta, split_rows = check_files(dataset, data_dir)  # every file the size meta.json says
+except ValueError as e:
+    fail(e)
 if kind == 'image':
     if num_classes and num_classes != meta['num_classes']:
         fail(f"num_classes={num_classes} but {data_dir} holds {meta['num_classes']} classes ({meta['dataset']}); "
@@ -174,13 +208,6 @@ if kind == 'image':
     image_stats = (CIFAR100_MEAN, CIFAR100_STD) if dataset == 'cifar100' else (CIFAR10_MEAN, CIFAR10_STD)
 else:
     model_args['vocab_size'] = meta['vocab_size'] if meta['encoding'] != 'gpt2' else 50304  # 50257 padded for speed
-
-
-def split_size(split):
-    """How many distinct batch rows a split offers (start offsets for text, examples otherwise)."""
-    if kind == 'text':
-        return len(np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')) - block_size
-    return len(np.load(os.path.join(data_dir, f'{split}_y.npy'), mmap_mode='r'))
 
 
 def image_batch(split, ix, augment_seed=None):
@@ -217,9 +244,22 @@ def load_batch(split, ix, augment_seed=None):
     return x.to(device), y.to(device)
 
 
-sizes = {split: split_size(split) for split in ('train', 'val')}
-if min(sizes.values()) < 1:
-    fail(f"{data_dir} holds too little data for block_size={block_size} ({sizes}); delete it to prepare again")
+def too_little_data(split):
+    """What to pass when a split holds no whole batch row, never advice that leads back to the same data."""
+    if kind != 'text':
+        return f"{data_dir} holds no {split} examples: it is damaged; delete it to prepare it again"
+    have = f"{data_dir}/{split}.bin holds {split_rows[split]:,} tokens, fewer than block_size + 1 = {block_size + 1}"
+    if split == 'val' and 'val_every' in meta and meta.get('val_first', 0) < val_tokens_needed(config):  # web text
+        return (f"{have}: it was prepared for a smaller run; pass --data_dir=ANOTHER_FOLDER (or delete this one) "
+                f"and train.py prepares it again, its first {val_tokens_needed(config):,} tokens in val")
+    return (f"{have}, and all of its source is in it: pass a smaller --block_size, or a larger --data_source with "
+            f"--data_dir=ANOTHER_FOLDER")
+
+
+sizes = {split: n - block_size if kind == 'text' else n for split, n in split_rows.items()}  # distinct batch rows
+for split in ('train', 'val'):
+    if sizes[split] < 1:
+        fail(too_little_data(split))
 
 
 def iteration_rows(split, generator, steps):
@@ -243,8 +283,10 @@ def build_model(model_args):
     return Model(ModelConfig(**model_args))
 
 
-iter_num, best_val_loss, checkpoint = 0, 1e9, None
+iter_num, best_val_loss, checkpoint, saved_iter = 0, 1e9, None, None  # saved_iter: what this run's ckpt.pt holds
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+if init_from == 'auto':  # what a restarted torchrun worker needs: go on from the checkpoint if there is one
+    init_from = 'resume' if os.path.exists(ckpt_path) else 'scratch'
 if init_from == 'resume':
     if not os.path.exists(ckpt_path):
         fail(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use init_from='scratch'")
@@ -257,6 +299,10 @@ if init_from == 'resume':
         fail(f"checkpoint {ckpt_path} is from another config: {', '.join(differ)}; "
              f"resume with the settings it was trained with, or use a new out_dir")
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+    saved_iter = iter_num
+    if iter_num > max_iters:
+        fail(f"checkpoint {ckpt_path} is at iteration {iter_num}, past max_iters={max_iters}; pass "
+             f"--max_iters={iter_num} or more to go on from it, or use a new out_dir")
     print(f"resuming from {ckpt_path} at iteration {iter_num}") if master_process else None
 try:
     model = build_model(model_args)
@@ -358,6 +404,14 @@ def save_checkpoint():
     os.replace(ckpt_path + '.tmp', ckpt_path)
 
 
+def kept():
+    """What a stop can truthfully say about the checkpoint on disk."""
+    if saved_iter is not None:
+        return f"the last good checkpoint, iteration {saved_iter}, is kept in {ckpt_path}"
+    earlier = f" ({ckpt_path} is from an earlier run)" if os.path.exists(ckpt_path) else ''
+    return f"this run wrote no checkpoint yet{earlier}"
+
+
 gpu_peak_flops = peak_flops(device)
 
 
@@ -397,12 +451,12 @@ while True:
             for name, stats in layer_stats(raw_model):
                 log(f"  {name}: " + ', '.join(f"{k} {v.float().mean():.3f}" for k, v in stats.items()))
         if not math.isfinite(losses['val']):
-            fail(f"val loss is {losses['val']} at iteration {iter_num}; the last good checkpoint is kept in "
-                 f"{ckpt_path}; lower learning_rate or check the data")
+            fail(f"val loss is {losses['val']} at iteration {iter_num}; {kept()}; lower learning_rate or check the data")
         if losses['val'] < best_val_loss or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter:
                 save_checkpoint()
+                saved_iter = iter_num
         if hellaswag:
             correct, total = all_sum(*hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
                                                               ddp_world_size, ctx))
@@ -432,8 +486,8 @@ while True:
     if iter_num % log_interval == 0:
         lossf = loss.item() * local_accum_steps  # a CPU-GPU sync point; the last micro-step's loss
         if not math.isfinite(lossf):
-            fail(f"loss is {lossf} at iteration {iter_num}; stopped, the last good checkpoint is kept in "
-                 f"{ckpt_path}; lower learning_rate, or raise warmup_iters or grad_clip")
+            fail(f"loss is {lossf} at iteration {iter_num}; stopped: {kept()}; lower learning_rate, or raise "
+                 f"warmup_iters or grad_clip")
         if master_process:
             rate = f"{samples_per_iter / dt:,.0f} images/s" if kind == 'image' else f"{tokens_per_iter / dt:,.0f} tok/s"
             extra = f", {rate}"

@@ -6,12 +6,24 @@ stored the same way. Each module's prepare(data_dir,
 source=None, ...) is idempotent: it returns at once when data_dir already holds what was asked.
 """
 import importlib
+import json
+import os
+
+import numpy as np
+
+
+def val_tokens_needed(cfg):
+    """The val split a text run can evaluate on: block_size + 1 tokens for one window, and enough that each of an
+    evaluation's eval_iters x batch_size rows can start at its own offset, so its batches differ."""
+    return cfg['block_size'] + max(1, cfg['eval_iters'] * cfg['batch_size'])
 
 
 def _token_budget(cfg):
-    """What a run consumes: every training token it reads at most once, plus the 1% validation hold-out."""
+    """What a run consumes: every training token it reads at most once, the 1% validation hold-out, and a val
+    split it can evaluate on (the first documents go to val until it holds that many tokens)."""
     tokens = (cfg['max_iters'] + 1) * cfg['gradient_accumulation_steps'] * cfg['batch_size'] * cfg['block_size']
-    return dict(max_tokens=int(tokens / 0.99) + 1)
+    val = val_tokens_needed(cfg)
+    return dict(max_tokens=int(tokens / 0.99) + 1 + val, min_val_tokens=val)
 
 
 def _recall_args(cfg):
@@ -43,3 +55,84 @@ def prepare_dataset(name, data_dir, source, config):
     check_dataset_name(name)
     module, _, args = DATASETS[name]
     importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None, **(args(config) if args else {}))
+
+
+# -----------------------------------------------------------------------------
+# damaged or foreign data names itself: one line each, saying how to prepare it again
+
+def redo(data_dir):
+    return f"delete {data_dir} to prepare it again, or pass --data_dir=ANOTHER_FOLDER"
+
+
+def read_meta(data_dir):
+    """data_dir's meta.json as a dict, None where there is none; ValueError if it cannot be read."""
+    path = os.path.join(data_dir, 'meta.json')
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}): the folder is damaged; {redo(data_dir)}")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} holds {type(meta).__name__}, not a JSON object: the folder is damaged; {redo(data_dir)}")
+    return meta
+
+
+def recorded_dataset(meta, name):
+    """The dataset a meta.json describes: its `dataset` field, or for a folder prepared before that field existed,
+    what its kind and encoding tell (GPT-2 BPE web text then passes for either web-text dataset)."""
+    if 'dataset' in meta:
+        return meta['dataset']
+    if meta.get('kind') == 'examples':
+        return 'recall'
+    if meta.get('encoding') == 'chars':
+        return 'shakespeare_char'
+    return name if meta.get('encoding') == 'gpt2' and DATASETS[name][2] is _token_budget else meta.get('kind')
+
+
+def check_dataset_dir(name, data_dir):
+    """Before preparing: data_dir's meta (None if there is none); ValueError if it is damaged or holds another
+    dataset than `name`."""
+    meta = read_meta(data_dir)
+    if meta is not None and (theirs := recorded_dataset(meta, name)) != name:
+        raise ValueError(f"{data_dir} holds the dataset {theirs!r}, not {name!r}: pass --data_dir=ANOTHER_FOLDER "
+                         f"for {name} (or delete {data_dir} to prepare {name} there)")
+    return meta
+
+
+def check_files(name, data_dir):
+    """After preparing: (meta, {split: rows}) where rows are tokens (text) or examples; ValueError naming the file
+    when one is missing or its size disagrees with meta.json."""
+    meta = check_dataset_dir(name, data_dir)
+    if meta is None:
+        raise ValueError(f"{data_dir} has no meta.json: {redo(data_dir)}")
+    rows = _text_tokens if DATASETS[name][1] == 'text' else _example_rows
+    return meta, {split: rows(data_dir, split, meta) for split in ('train', 'val')}
+
+
+def _text_tokens(data_dir, split, meta):
+    path = os.path.join(data_dir, f'{split}.bin')
+    if not os.path.exists(path):
+        raise ValueError(f"{path} is missing: the folder is damaged; {redo(data_dir)}")
+    size, expected = os.path.getsize(path), meta.get('tokens', {}).get(split)
+    if size % 2 or (expected is not None and size != 2 * expected):
+        want = f"the {2 * expected:,} bytes of the {expected:,} tokens meta.json records" if expected is not None \
+            else "a whole number of 2-byte tokens"
+        raise ValueError(f"{path} holds {size:,} bytes, not {want}: the file is damaged; {redo(data_dir)}")
+    return size // 2
+
+
+def _example_rows(data_dir, split, meta):
+    rows = []
+    for part in 'xy':
+        path = os.path.join(data_dir, f'{split}_{part}.npy')
+        try:
+            rows.append(len(np.load(path, mmap_mode='r')))
+        except (OSError, ValueError) as e:  # missing, truncated, or not an array
+            raise ValueError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]}): "
+                             f"the folder is damaged; {redo(data_dir)}")
+    if rows[0] != rows[1]:
+        raise ValueError(f"{data_dir}: {split}_x.npy has {rows[0]:,} rows but {split}_y.npy {rows[1]:,}: "
+                         f"the folder is damaged; {redo(data_dir)}")
+    return rows[0]

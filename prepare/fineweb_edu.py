@@ -20,12 +20,12 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "fineweb_edu"
 
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, sample="sample-10BT", **kwargs):
     """Tokenize FineWeb-Edu (the hub, or a local `source`) into data_dir; kwargs go to prepare_text. Returns meta."""
-    if meta := prepared_enough(data_dir, max_tokens):
+    if meta := prepared_enough(data_dir, max_tokens, kwargs.get("min_val_tokens", 0)):
         return meta
     def load_hub():  # streaming, so a partial budget downloads only what it reads
         return load_dataset(HUB, name=sample, split="train", streaming=True), f"{HUB}/{sample}"
     dataset, label = open_dataset(source, load_hub, f"{HUB} ({sample})")
-    return prepare_text(dataset, data_dir, label, max_tokens, **kwargs)
+    return prepare_text(dataset, data_dir, label, max_tokens, name="fineweb_edu", **kwargs)
 
 
 if __name__ == "__main__":

@@ -42,11 +42,11 @@ def load_hub(prefer=None):
 
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, **kwargs):
     """Tokenize OpenWebText (the hub, or a local `source`) into data_dir; kwargs go to prepare_text. Returns meta."""
-    if meta := prepared_enough(data_dir, max_tokens):
+    if meta := prepared_enough(data_dir, max_tokens, kwargs.get("min_val_tokens", 0)):
         return meta
     previous = (read_meta(data_dir) or {}).get("source")  # continue from the same copy, not another one
     dataset, label = open_dataset(source, lambda: load_hub(prefer=previous), HUB)
-    return prepare_text(dataset, data_dir, label, max_tokens, **kwargs)
+    return prepare_text(dataset, data_dir, label, max_tokens, name="openwebtext", **kwargs)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
         for name, arr in zip('xy', make_examples(n, num_keys, num_pairs, seq_len, split_seed)):
             np.save(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), arr)
             os.replace(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), os.path.join(data_dir, f'{split}_{name}.npy'))
-    meta = dict(kind='examples', encoding='tokens', vocab_size=2 * num_keys, task=task)
+    meta = dict(dataset='recall', kind='examples', encoding='tokens', vocab_size=2 * num_keys, task=task)
     with open(meta_path + '.tmp', 'w') as f:
         json.dump(meta, f)
     os.replace(meta_path + '.tmp', meta_path)

@@ -41,7 +41,7 @@ def prepare(data_dir=DEFAULT_DIR, source=None):
     for split, ids in (('train', tokens[:n]), ('val', tokens[n:])):
         ids.tofile(os.path.join(data_dir, f'{split}.bin.tmp'))
         os.replace(os.path.join(data_dir, f'{split}.bin.tmp'), os.path.join(data_dir, f'{split}.bin'))
-    meta = dict(kind='text', encoding='chars', vocab_size=len(chars), itos=chars,
+    meta = dict(dataset='shakespeare_char', kind='text', encoding='chars', vocab_size=len(chars), itos=chars,
                 tokens=dict(train=n, val=len(tokens) - n), source=str(source or URL))
     with open(os.path.join(data_dir, 'meta.json.tmp'), 'w') as f:
         json.dump(meta, f)

@@ -3,7 +3,9 @@
 Documents come from a `datasets` streaming table: the hub, or a local --source read by the same loaders, so both
 go down one code path. Each document becomes [EOT] + its tokens: the EOT goes *before* the document, as in
 build-nanogpt, so every document starts right after an EOT. Document i goes to val.bin when i % val_every == 0 and
-to train.bin otherwise: a fixed 1% held out (about 100M tokens of 10B, 2 docs of a 150-doc sample).
+to train.bin otherwise: a fixed 1% held out (about 100M tokens of 10B, 2 docs of a 150-doc sample). A folder that
+train.py prepares also sends its first documents to val until val holds what the run's evaluation needs (val_first
+in meta.json), so that a small budget or a small source still gets a val split to evaluate on.
 
 meta.json is the record of what is done. The token files are only ever appended to, under temporary names while a
 run is on, and are cut back to the counts in meta.json when a run starts. So a killed run, or a rerun with a larger
@@ -20,6 +22,8 @@ import numpy as np
 import tiktoken
 from datasets import load_dataset
 from tqdm import tqdm
+
+from prepare import read_meta  # noqa: F401 (openwebtext.py reads it from here too)
 
 EOT = 50256  # <|endoftext|>
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}  # suffix -> datasets loader
@@ -78,11 +82,6 @@ def tokenized(texts, num_proc, chunk_docs):
                 yield from chunk
 
 
-def read_meta(data_dir):
-    path = Path(data_dir) / "meta.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def write_json(path, obj):
     """Write to a temporary name, then rename: the file under its final name is always whole."""
     tmp = path.with_name(path.name + ".tmp")
@@ -114,11 +113,12 @@ def commit(files, data_dir, meta, final=False):
     write_json(data_dir / "meta.json", meta)
 
 
-def prepared_enough(data_dir, max_tokens):
-    """meta if data_dir already holds the whole source or max_tokens, else None: then nothing is opened or
-    downloaded, so a prepared dataset trains offline."""
+def prepared_enough(data_dir, max_tokens, min_val_tokens=0):
+    """meta if data_dir already holds the whole source, or max_tokens of which min_val_tokens in val, else None:
+    then nothing is opened or downloaded, so a prepared dataset trains offline."""
     meta = read_meta(data_dir)
-    if meta and (meta["complete"] or (max_tokens is not None and sum(meta["tokens"].values()) >= max_tokens)):
+    if meta and (meta["complete"] or (max_tokens is not None and sum(meta["tokens"].values()) >= max_tokens
+                                      and meta["tokens"]["val"] >= min_val_tokens)):
         print(f"{data_dir}: {sum(meta['tokens'].values()):,} tokens already prepared"
               + (" (all of the source)" if meta["complete"] else ""))
         return meta
@@ -126,33 +126,38 @@ def prepared_enough(data_dir, max_tokens):
 
 
 def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_proc=None, chunk_docs=64,
-                 checkpoint_tokens=100_000_000):
-    """Tokenize `dataset` into data_dir/{train,val}.bin until about max_tokens (None: all of it); returns meta."""
+                 checkpoint_tokens=100_000_000, name=None, min_val_tokens=0):
+    """Tokenize `dataset` into data_dir/{train,val}.bin until about max_tokens (None: all of it) and until val
+    holds min_val_tokens; returns meta. A fresh folder sends its first documents to val until val holds
+    min_val_tokens (recorded as val_first, the split rule thereafter), so a small budget still gets a val split
+    to evaluate on; a continued one reads on until its 1-in-val_every documents reach min_val_tokens."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    meta = read_meta(data_dir) or {"vocab_size": 50257, "encoding": "gpt2", "kind": "text",
+    meta = read_meta(data_dir) or {"dataset": name, "vocab_size": 50257, "encoding": "gpt2", "kind": "text",
                                    "tokens": {"train": 0, "val": 0}, "documents": {"train": 0, "val": 0},
-                                   "source": source, "val_every": val_every, "complete": False}
+                                   "source": source, "val_every": val_every, "val_first": min_val_tokens,
+                                   "complete": False}
     if (meta["source"], meta["val_every"]) != (source, val_every):  # appending another stream would mix two datasets
         raise ValueError(f"{data_dir} holds {meta['source']} (val_every={meta['val_every']}), not {source} "
                          f"(val_every={val_every}): delete it or choose another --data_dir")
     total = sum(meta["tokens"].values())
     files = {split: open_tokens(data_dir, split, n) for split, n in meta["tokens"].items()}
     doc_index = sum(meta["documents"].values())
+    val_first = meta.get("val_first", 0)  # absent in folders prepared before it existed
     texts = (row["text"] for row in dataset.skip(doc_index))  # documents consumed by earlier runs are skipped
     docs = tokenized(texts, num_proc or max(1, os.cpu_count() // 2), chunk_docs)
     progress = tqdm(total=max_tokens, initial=total, unit="tok", unit_scale=True, desc=f"tokenizing {data_dir.name}")
     committed = total
     try:
         for tokens in docs:
-            split = "val" if doc_index % val_every == 0 else "train"
+            split = "val" if doc_index % val_every == 0 or meta["tokens"]["val"] < val_first else "train"
             files[split].write(tokens.tobytes())
             meta["tokens"][split] += len(tokens)
             meta["documents"][split] += 1
             doc_index += 1
             total += len(tokens)
             progress.update(len(tokens))
-            if max_tokens is not None and total >= max_tokens:
+            if max_tokens is not None and total >= max_tokens and meta["tokens"]["val"] >= min_val_tokens:
                 break  # stop within one document of the budget
             if total - committed >= checkpoint_tokens:
                 commit(files, data_dir, meta)

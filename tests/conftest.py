@@ -1,5 +1,6 @@
 """Shared test helpers: the repo on sys.path, the offline data samples (skipped with a reason where absent),
 and running train.py as a user would."""
+import json
 import os
 import re
 import subprocess
@@ -26,6 +27,17 @@ def run_script(*args, launcher=(sys.executable,), check=True, timeout=600, cwd=R
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout + proc.stderr
+
+
+def run_forked(*runs, timeout=300):
+    """Each run ({'argv': [script, *args], 'kill': [within, target, n] or None}, see tests/faults.py) as a process of
+    its own, forked from one that imported torch and the repo once: [(exit code, output)], in order; -9 is SIGKILL."""
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    proc = subprocess.run([sys.executable, str(ROOT / 'tests' / 'faults.py')], input=json.dumps(runs), env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        raise AssertionError(f"tests/faults.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return [(r['rc'], r['out']) for r in json.loads(proc.stdout)]
 
 
 def iter_losses(log):

@@ -27,7 +27,8 @@ import pyarrow.parquet as pq  # noqa: E402
 import tiktoken  # noqa: E402
 
 import hellaswag  # noqa: E402
-from prepare import fineweb_edu, openwebtext, text  # noqa: E402
+import prepare  # noqa: E402
+from prepare import fineweb_edu, openwebtext, read_meta, text  # noqa: E402
 
 PARQUET = DATA / "fineweb_edu" / "fineweb_edu_150docs.parquet"
 JSONL = DATA / "fineweb_edu" / "fineweb_edu_150docs.jsonl"
@@ -146,6 +147,32 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, monkeypatch, first_bud
 
     fineweb_edu.prepare(part, **options)
     assert files_of(part) == files_of(full)
+
+
+@pytest.mark.parametrize("config_file,dataset,source", [("softmax_gpt.py", "openwebtext", TXT),
+                                                         ("krause_gpt.py", "fineweb_edu", PARQUET)])
+def test_a_quick_trial_of_a_main_config_gets_a_val_split(tmp_path, config_file, dataset, source):
+    # `train.py config/X --max_iters=2 --batch_size=2 --data_source=SAMPLE`: the budget covers training, and the
+    # first documents go to val until it can serve the run's evaluation (block_size + eval_iters x batch_size)
+    cfg = {}
+    exec((ROOT / "config" / config_file).read_text(), cfg)
+    cfg.update(max_iters=2, batch_size=2)
+    prepare.prepare_dataset(dataset, tmp_path, str(source), cfg)
+    meta, tokens = prepare.check_files(dataset, tmp_path)
+    need = cfg["block_size"] + cfg["eval_iters"] * 2
+    assert meta["val_first"] == need and meta["dataset"] == dataset
+    assert need <= tokens["val"] < need + 20_000 and tokens["train"] > 3 * 2 * cfg["block_size"]
+
+
+def test_a_folder_prepared_for_less_reads_on_until_val_suffices(tmp_path):
+    docs = fineweb_docs()
+    fineweb_edu.prepare(tmp_path, source=PARQUET, max_tokens=5_000)  # as the script does: 1 doc in 100 to val
+    small = read_meta(tmp_path)["tokens"]["val"]
+    meta = fineweb_edu.prepare(tmp_path, source=PARQUET, max_tokens=5_000, min_val_tokens=small + 1)
+    assert meta["documents"]["val"] == 2 and meta["val_first"] == 0 and meta["complete"] is False
+    expected, bins = expected_splits(docs), read_bins(tmp_path)  # the split rule it was prepared with, kept
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(bins[split], expected[split][:len(bins[split])])
 
 
 def test_openwebtext_txt_as_a_script(tmp_path):
