@@ -5,7 +5,7 @@ pytorch#145208). Run on a lent GPU: python -m pytest -q tests/test_gpu.py"""
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention
+from attention import AttentionConfig, KrauseAttention, KrauseMixAttention, build_attention, in_causal_window
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex backward)")
 
@@ -45,6 +45,26 @@ def run(attn, attend, tensors, grad_y):
     return [y] + list(torch.autograd.grad(y, inputs + own, grad_y.to(y.dtype), allow_unused=True))
 
 
+def ambiguous_topk_rows(attn, tensors):
+    """(B, H, T) bool: Krause rows whose k-th and (k+1)-th scores (float64) lie within float32 rounding of each
+    other. There the top k is ambiguous in float32, and flex (its own summation order) may keep the other key: one
+    key of k swapped moves that row's output by about 1/k (seen on an H100: W=256 k=192, and the mix form)."""
+    if isinstance(attn, KrauseMixAttention):
+        return ambiguous_topk_rows(attn.krause, tensors[3:])
+    if not isinstance(attn, KrauseAttention):
+        return torch.zeros(tensors[0].shape[:3], dtype=torch.bool, device=tensors[0].device)
+    q, k = tensors[0].double(), tensors[1].double()
+    q_scaled, key_bias = attn.rbf_terms(q, k)
+    scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)  # (B, H, T, T), fine at these sizes
+    position = torch.arange(q.size(2), device=q.device)
+    mask = attn.neighbourhood if attn.grid else in_causal_window(position.view(-1, 1), position, attn.window)
+    top = scores.masked_fill(~mask, float('-inf')).topk(min(attn.topk + 1, q.size(2)), -1).values
+    if top.size(-1) <= attn.topk:
+        return torch.zeros_like(top[..., 0], dtype=torch.bool)
+    kth, next_ = top[..., attn.topk - 1], top[..., attn.topk]
+    return torch.isfinite(next_) & (kth - next_ < 1e-5 * (1 + kth.abs()))
+
+
 @pytest.mark.parametrize('case', CASES, ids=case_id)
 def test_flex_equals_math_forward_and_backward(case):
     """Both float32 paths, math and flex, against the math path in float64 (checked on CPU against the formula)."""
@@ -65,12 +85,16 @@ def test_flex_equals_math_forward_and_backward(case):
     names = ['y'] + [f'grad input {i}' for i in range(len(tensors))] + \
         [f'grad {n}' for n, _ in attn.named_parameters() if not any(s in n for s in ('c_attn', 'c_proj', 'gate'))]
     errors = {}
+    ambiguous = ambiguous_topk_rows(attn, tensors)  # (B, H, T): left out of the comparison of y only
     for name, *results in zip(names, math32, flex32, math64):
         assert all(r is not None for r in results), f"no {name} on some path"
         m32, f32, m64 = (r.double() for r in results)
+        if name == 'y':
+            m32, f32, m64 = (r.masked_fill(ambiguous[..., None], 0) for r in (m32, f32, m64))
         scale = m64.abs().max().clamp_min(1e-12)
         errors[name] = (((m32 - m64).abs().max() / scale).item(), ((f32 - m64).abs().max() / scale).item())
-    print(f"\n{case_id(case)}: max error / max |value| vs float64 math, (math32, flex32):",
+    print(f"\n{case_id(case)}: {ambiguous.sum().item()} ambiguous top-k rows of {ambiguous.numel()}; "
+          f"max error / max |value| vs float64 math, (math32, flex32):",
           {n: f'{a:.1e}, {b:.1e}' for n, (a, b) in errors.items()})
     for name, (err_math, err_flex) in errors.items():
         assert err_flex < 1e-3, f"flex {name}: error {err_flex:.2e} (float32 math: {err_math:.2e})"
