@@ -13,6 +13,7 @@ $ python train.py config/shakespeare_char.py --device=cpu --compile=False
 DDP on one node (NCCL on CUDA, gloo on CPU):
 $ torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
 """
+import json
 import math
 import os
 import time
@@ -42,6 +43,10 @@ eval_interval = 100         # evaluate (and write ckpt.pt) every this many itera
 log_interval = 10           # print the training loss every this many iterations
 eval_iters = 20             # batches per split in an evaluation
 eval_only = False           # evaluate once and exit
+eval_full = False           # with eval_only: one exact pass over every val example (text: every block_size window)
+wandb_log = False           # also log to Weights & Biases (wandb imported only when on)
+wandb_project = 'attention-lab'
+wandb_run_name = 'run'
 always_save_checkpoint = True  # else only when val loss improves
 init_from = 'scratch'       # 'scratch', 'resume' (from out_dir/ckpt.pt), or 'auto': resume if it exists
 # data
@@ -139,6 +144,8 @@ if dataset == 'recall' and (recall_pairs > recall_keys or 2 * recall_pairs >= bl
          f"or --block_size")
 if dtype not in ('float32', 'bfloat16', 'float16'):
     fail(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{dtype}'")
+if eval_full and not eval_only:
+    fail("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True --init_from=resume")
 if init_from not in ('scratch', 'resume', 'auto'):
     fail(f"init_from must be 'scratch', 'resume' or 'auto' (resume if out_dir holds a checkpoint), got '{init_from}'")
 try:
@@ -364,6 +371,34 @@ def estimate_loss():
     return out
 
 
+@torch.no_grad()
+def evaluate_full():
+    """One exact pass over the whole val split, every example once: text in consecutive non-overlapping windows of
+    block_size tokens (the last partial window left out), recall and images row by row. Loss summed per target and
+    divided by their count (so batch size does not matter); accuracy where the task has one."""
+    model.eval()
+    if kind == 'text':
+        starts = torch.arange(0, split_rows['val'] - block_size, block_size)  # window i+1..i+T must exist for y
+    else:
+        starts = torch.arange(split_rows['val'])
+    batches = list(starts.split(batch_size))
+    loss_sum, correct, counted = 0.0, 0, 0
+    for ix in batches[ddp_rank::ddp_world_size]:
+        X, Y = load_batch('val', ix)
+        with ctx:
+            logits, _ = model(X, Y)
+        logits = logits.float().view(-1, logits.size(-1))
+        Y = Y.reshape(-1)
+        loss_sum += torch.nn.functional.cross_entropy(logits, Y, ignore_index=-1, reduction='sum').item()
+        answered = Y != -1
+        correct += (logits.argmax(-1) == Y)[answered].sum().item()
+        counted += answered.sum().item()
+    loss_sum, correct, counted = all_sum(loss_sum, correct, counted)
+    model.train()
+    return {'val_loss': loss_sum / counted, 'val_acc': correct / counted, 'examples': len(starts),
+            'targets': int(counted)}
+
+
 def layer_stats(model):
     """[(module name, stats)] of the attention rules that report on themselves (Attention.stats, set in eval
     mode; the last evaluation batch's), e.g. cluster usage. Printed as means over heads."""
@@ -429,8 +464,59 @@ if hellaswag:
         fail(e)
 
 # -----------------------------------------------------------------------------
+# the metrics log: out_dir/log.jsonl, one JSON object a line ('train' every log_interval, 'eval' every evaluation).
+# A resumed run first drops every record from the checkpoint's iteration on (written after that checkpoint by a run
+# that then died, and about to be written again), so after any kill each iteration appears once.
+log_path = os.path.join(out_dir, 'log.jsonl')
+
+
+def start_log():
+    if eval_only:  # a measurement of a checkpoint, not training: the log stays as it is
+        return
+    kept_lines = []
+    if saved_iter is not None and os.path.exists(log_path):  # resumed from the checkpoint of iteration saved_iter
+        with open(log_path) as f:
+            for line in f:
+                try:
+                    if json.loads(line)['iter'] < saved_iter:
+                        kept_lines.append(line if line.endswith('\n') else line + '\n')
+                except (ValueError, KeyError, TypeError):
+                    pass  # a line cut short by a kill mid-write
+    with open(log_path + '.tmp', 'w') as f:
+        f.writelines(kept_lines)
+    os.replace(log_path + '.tmp', log_path)
+
+
+def write_log(record):
+    if eval_only or not master_process:
+        return
+    with open(log_path, 'a') as f:
+        f.write(json.dumps(record) + '\n')
+    if wandb_log:
+        wandb.log(record, step=record['iter'])
+
+
+if master_process:
+    start_log()
+    if wandb_log:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+
+# -----------------------------------------------------------------------------
 # training loop
 has_accuracy = kind != 'text'
+if eval_full:
+    result = evaluate_full()
+    if master_process:
+        unit = 'tokens' if kind == 'text' else 'examples'
+        acc = f", val acc {result['val_acc']:.4f}" if has_accuracy else ''
+        print(f"full val split at iteration {iter_num}: val loss {result['val_loss']:.4f}{acc} over "
+              f"{result['examples']:,} {'windows' if kind == 'text' else 'examples'} ({result['targets']:,} targets)")
+        with open(os.path.join(out_dir, 'eval_full.json'), 'w') as f:
+            json.dump({'iter': iter_num, 'attention': attention, **result}, f)
+    if ddp:
+        dist.destroy_process_group()
+    raise SystemExit(0)
 start_iter = iter_num
 t0 = time.time()
 running_mfu = -1.0
@@ -450,6 +536,8 @@ while True:
             log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{acc}")
             for name, stats in layer_stats(raw_model):
                 log(f"  {name}: " + ', '.join(f"{k} {v.float().mean():.3f}" for k, v in stats.items()))
+            record = {'type': 'eval', 'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']}
+            write_log({**record, 'val_acc': losses['val_acc']} if has_accuracy else record)
         if not math.isfinite(losses['val']):
             fail(f"val loss is {losses['val']} at iteration {iter_num}; {kept()}; lower learning_rate or check the data")
         if losses['val'] < best_val_loss or always_save_checkpoint:
@@ -496,6 +584,9 @@ while True:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
                 extra += f", mfu {running_mfu * 100:.2f}%"
             log(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms{extra}")
+            write_log({'type': 'train', 'iter': iter_num, 'loss': lossf, 'lr': lr, 'time_ms': dt * 1000,
+                       ('images_per_s' if kind == 'image' else 'tokens_per_s'): samples_per_iter / dt *
+                       (1 if kind == 'image' else block_size)})
     iter_num += 1
     progress.update(1)
     if iter_num > max_iters:
