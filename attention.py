@@ -93,11 +93,17 @@ class Attention(nn.Module):
       - `stats` (None, or {name: tensor}) is what a rule reports about itself, set in eval mode (cluster usage);
         train.py prints it per layer at every evaluation.
       - A bad setting raises ValueError in __init__, naming the key; train.py checks it before any work starts.
+      - `attention_weights(*tensors)` (analysis, analyze.py) gives the (B, H, T, T) weights W with y = W v, found
+        for any rule linear in v by running `attend` on the identity basis; a rule that is not y = W v overrides
+        it. `weights_note` says why W is not a distribution (None: rows >= 0 summing to 1), `first_token_note` why
+        the share of token 0 means nothing for the rule (None: it does).
     """
     projections = ('q', 'k', 'v')  # what project returns, in order; None: the rule brings its own projections
     no_decay = ()                  # names of this module's parameters that AdamW must not decay
     lr_scale = {}                  # {name of a parameter: its learning rate / the schedule's}; never mutated
     stats = None                   # {name: tensor} a rule reports in eval mode; train.py logs it
+    weights_note = None            # analysis: why attention_weights is not a distribution; None if it is
+    first_token_note = None        # analysis: why token 0's share of the weights has no meaning; None if it has
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -135,6 +141,21 @@ class Attention(nn.Module):
 
     def init_extra(self):
         pass
+
+    @torch.no_grad()
+    def attention_weights(self, *tensors):
+        """For analysis (short T, eval mode): the (B, H, T, T) effective weights W of y = attend(...) = W v, from
+        what project returns, for every rule linear in v (its last tensor): attend is run with v = the identity
+        basis, D columns of it at a time (rules may rely on v being D wide), so column j of the output is W[:, j]."""
+        if self.projections is None or [name[0] for name in self.projections].count('v') != 1:
+            raise NotImplementedError(f"{type(self).__name__} is not y = W v with one v; it has no single weight matrix")
+        *rest, v = tensors
+        (B, H, T, D), columns = v.shape, []
+        eye = torch.eye(T, dtype=v.dtype, device=v.device).expand(B, H, T, T)
+        for start in range(0, T, D):
+            basis = F.pad(eye[..., start:start + D], (0, max(0, start + D - T)))  # (B, H, T, D), zero-padded
+            columns.append(self.attend(*rest, basis)[..., :min(D, T - start)])
+        return torch.cat(columns, -1)
 
 
 # -----------------------------------------------------------------------------
@@ -373,6 +394,14 @@ class AttentionX(SoftmaxAttention):
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.discrepancy(v, y)
 
+    def attention_weights(self, *tensors):
+        """A, the softmax weights, from the frame's effective weights I - γA of y = v - γ·A v (SPEC §5: report A)."""
+        if not self.gamma.all():
+            raise NotImplementedError("a head has γ = 0: y = v, A does not reach the output")
+        effective = super().attention_weights(*tensors)
+        eye = torch.eye(effective.size(-1), dtype=effective.dtype, device=effective.device)
+        return (eye - effective) / self.gamma.to(effective.dtype).view(1, -1, 1, 1)
+
     def attend_flex(self, q, k, v):
         if not self.mask_diagonal:
             return self.discrepancy(v, super().attend_flex(q, k, v))
@@ -404,6 +433,7 @@ class ThresholdDifferentialAttention(Attention):
     No attention-weight dropout on either path (flex has none); the residual dropout in `out` applies.
     """
     projections = ('q1', 'k1', 'q2', 'k2', 'v')
+    weights_note = "a1 - lam*a2: signed, rows not summing to 1, and the per-head RMSNorm after W v rescales each row"
     log_floor = 1e-12  # flex: log's argument is kept >= this, so s = τ exactly never gives 0·∞ = NaN in backward
 
     def __init__(self, config, layer_idx):
@@ -475,7 +505,8 @@ class ThresholdDifferentialAttention(Attention):
         return self.head_norm(y.to(v.dtype))
 
     def attention_weights(self, *tensors):
-        """For analysis: the whole (B, H, T, T) matrix a¹ - λa² from what project returns (short T only)."""
+        """For analysis: the whole (B, H, T, T) matrix a¹ - λa² from what project returns (short T only): the weights
+        before the RMSNorm, which is not linear in v (so the frame's identity-basis weights do not apply)."""
         *qk, v = tensors
         T = v.size(2)
         return self.weights([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
@@ -505,6 +536,7 @@ class ClusterAttention(Attention):
     the mean entropy of a key's assignment (0 = hard, log m = uniform).
     """
     no_decay = ('seeds',)
+    first_token_note = "token 0 is folded into cluster summaries beyond its own block (GPT) or always (ViT)"
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)

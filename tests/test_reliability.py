@@ -1,5 +1,6 @@
 """Reliability and the first hour (issue 17): every bad setting or damaged dataset ends in one `error:` line before
 any work, kill -9 at any moment loses nothing, a torchrun worker killed mid-run restarts and resumes by itself."""
+import json
 import os
 import random
 import re
@@ -166,7 +167,12 @@ def test_kill_9_at_any_moment_loses_nothing(tmp_path):
     assert all(losses == [reference[n]] * len(losses) for n, losses in logged.items()), (logged, reference)
     checkpoint = torch.load(tmp_path / 'killed' / 'ckpt.pt', weights_only=True)  # loadable, and at the end
     assert checkpoint['iter_num'] == 16
-    # where a run records each iteration once (a log.jsonl, say), check here that the kills left no repeats
+    # log.jsonl: after the kills and resumes, each iteration once, with the uninterrupted run's loss
+    records = [json.loads(line) for line in (tmp_path / 'killed' / 'log.jsonl').read_text().splitlines()]
+    train = [(r['iter'], r['loss']) for r in records if r['type'] == 'train']
+    assert [n for n, _ in train] == list(range(17)), records
+    assert all(abs(loss - reference[n]) < 5e-5 for n, loss in train)  # the printed loss has 4 decimals
+    assert [r['iter'] for r in records if r['type'] == 'eval'] == [0, 4, 8, 12, 16], records
 
 
 @pytest.mark.skipif(not os.environ.get('TORCHRUN_RESTART_TEST'), reason="opt-in (TORCHRUN_RESTART_TEST=1): two "

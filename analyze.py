@@ -1,0 +1,368 @@
+"""
+What attention does in trained checkpoints: sinks, sparsity, entropy, rank collapse and clusters, per layer and head
+(SPEC §5), on one batch of validation data, for any rule, GPT or ViT.
+
+$ python analyze.py --out_dir=out-shakespeare-char                       # a table, and out_dir/analysis.json
+$ python analyze.py --out_dir=out-a,out-b --plots=plots                  # several checkpoints; PNGs need matplotlib
+
+Per layer l, from the attention weights W (B, H, T, T) of block l on its own input (every rule gives W through one
+mechanism, Attention.attention_weights: the rule's `attend` run on the identity basis, y = W v):
+  first-token   mean over queries i >= 1 of |w_i0| / sum_j |w_ij| (the attention sink), and its ratio to the share
+                uniform weights give (mean of 1/(i+1) causal, 1/T otherwise): 1 means no sink
+  sparsity      fraction of exact zeros among the visible pairs (j <= i causal, all pairs otherwise): a window or top-k
+                counts as sparsity here
+  entropy       mean over rows of -sum_j w_ij ln w_ij, in nats (distributions only)
+and from the residual stream X (T, C) after block l (per example, then averaged over the batch):
+  residual      ||X - 1 x̄ᵀ||_F / ||X||_F, x̄ the token mean (Dong et al. 2021): 0 = every token the same
+  eff. rank     exp(entropy of the normalised singular values of X itself, not centred): identical tokens give 1
+  clusters      connected components of the graph 1[cos(x_i, x_j) > τ] for τ = 0.9, 0.95, 0.99
+A metric with no meaning for a rule (its weights are not a distribution; token 0 folded into cluster summaries) is
+n/a, with the reason. `untrained=True` adds a freshly initialised model of the same config beside each checkpoint.
+Install matplotlib (`pip install matplotlib`) for the plots; nothing else needs it.
+"""
+import json
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from augment import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, normalize
+from model import GPT, GPTConfig
+from prepare import check_files, dataset_kind
+from runtime import load_checkpoint
+from vit import ViT, ViTConfig
+
+# -----------------------------------------------------------------------------
+out_dir = 'out'             # a train.py out_dir, or several separated by commas
+data_dir = ''               # default: the data_dir each checkpoint was trained on
+batch_size = 8              # validation examples (text: windows of block_size tokens) in the batch analysed
+untrained = False           # also analyse a fresh model of each checkpoint's config (the same seed's init)
+example = 0                 # the example whose attention maps are plotted
+json_out = ''               # default: analysis.json in the first out_dir
+plots = ''                  # a folder for PNG plots (needs matplotlib); '' for none
+seed = 1337
+if __name__ == '__main__':  # tests import the metrics without reading the command line
+    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+# -----------------------------------------------------------------------------
+THRESHOLDS = (0.9, 0.95, 0.99)
+
+
+# -----------------------------------------------------------------------------
+# the metrics, each on plain tensors (tests/test_analyze.py builds inputs for them)
+
+def visible_mask(T, causal):
+    return torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.ones(T, T, dtype=torch.bool)
+
+
+def uniform_share(T, causal):
+    """The first-token share uniform weights give: mean over i >= 1 of 1/(i+1) (causal) or 1/T."""
+    return float(np.mean([1 / (i + 1) for i in range(1, T)])) if causal else 1 / T
+
+
+def first_token_share(w):
+    """(H,) mean over queries i >= 1 (all examples) of |w_i0| / sum_j |w_ij|, rows with no weight left out; and the
+    fraction of such empty rows."""
+    mass = w.abs()[..., 1:, :].sum(-1)   # (B, H, T-1)
+    live = mass > 0
+    share = torch.where(live, w.abs()[..., 1:, 0] / mass.clamp_min(1e-30), 0.0)
+    per_head = share.sum((0, 2)) / live.sum((0, 2)).clamp_min(1)
+    return per_head, 1 - live.double().mean((0, 2))
+
+
+def sparsity(w, causal):
+    """(H,) fraction of exact zeros among the visible pairs."""
+    visible = visible_mask(w.size(-1), causal)
+    return (w[..., visible] == 0).double().mean((0, 2))
+
+
+def entropy(w):
+    """(H,) mean over rows of -sum_j w_ij ln w_ij (0 ln 0 = 0), nats."""
+    return -(w * w.clamp_min(1e-30).log()).sum(-1).double().mean((0, 2))
+
+
+def collapse_residual(x):
+    """||X - 1 x̄ᵀ||_F / ||X||_F of X (T, C)."""
+    return ((x - x.mean(0, keepdim=True)).norm() / x.norm().clamp_min(1e-30)).item()
+
+
+def effective_rank(x):
+    """exp(entropy of the normalised singular values) of X (T, C), not centred."""
+    s = torch.linalg.svdvals(x.double())
+    p = s / s.sum().clamp_min(1e-300)
+    return float(torch.exp(-(p * p.clamp_min(1e-300).log()).sum()))
+
+
+def clusters(x, threshold):
+    """Connected components of the graph with an edge where cos(x_i, x_j) > threshold, X (T, C)."""
+    u = F.normalize(x.double(), dim=-1)
+    adjacent = (u @ u.T) > threshold
+    adjacent |= torch.eye(len(x), dtype=torch.bool)
+    labels = torch.arange(len(x))
+    while True:  # every node takes the smallest label among its neighbours, until nothing changes
+        new = torch.where(adjacent, labels.view(1, -1), len(x)).min(1).values
+        if torch.equal(new, labels):
+            return int(labels.unique().numel())
+        labels = new
+
+
+# -----------------------------------------------------------------------------
+# one checkpoint
+
+class Skip(Exception):
+    """A checkpoint that cannot be analysed: one line saying what to do."""
+
+
+def load_model(path):
+    """(model, model_args, train config, kind) of out_dir `path`; Skip with what to do if it cannot be read."""
+    try:
+        checkpoint = load_checkpoint(os.path.join(path, 'ckpt.pt'), 'cpu', hint="train one there first, or check "
+                                     "--out_dir")
+    except SystemExit as e:
+        raise Skip(str(e).removeprefix('error: '))
+    args, config = checkpoint['model_args'], checkpoint['config']
+    kind = dataset_kind(config['dataset'])
+    model = (ViT(ViTConfig(**args)) if kind == 'image' else GPT(GPTConfig(**args)))
+    model.load_state_dict(checkpoint['model'])
+    return model.eval(), args, config, kind, checkpoint['iter_num']
+
+
+def val_batch(config, kind, T, folder):
+    """batch_size validation examples from `folder` (text: windows at random starts, seeded)."""
+    try:
+        meta, rows = check_files(config['dataset'], folder)
+    except ValueError as e:
+        raise Skip(f"{e} (the checkpoint was trained on {config['dataset']!r}; pass --data_dir=FOLDER of it)")
+    generator = torch.Generator().manual_seed(seed)
+    if kind == 'text':
+        data = np.memmap(os.path.join(folder, 'val.bin'), dtype=np.uint16, mode='r')
+        starts = torch.randint(len(data) - T, (batch_size,), generator=generator).tolist()
+        return torch.stack([torch.from_numpy(data[s:s + T].astype(np.int64)) for s in starts])
+    x = np.load(os.path.join(folder, 'val_x.npy'), mmap_mode='r')[:batch_size]
+    if kind == 'image':
+        stats = (CIFAR100_MEAN, CIFAR100_STD) if config['dataset'] == 'cifar100' else (CIFAR10_MEAN, CIFAR10_STD)
+        return normalize(torch.from_numpy(np.ascontiguousarray(x)), *stats)
+    return torch.from_numpy(x.astype(np.int64))
+
+
+def blocks(model):
+    return model.h if isinstance(model, ViT) else model.transformer.h
+
+
+@torch.no_grad()
+def analyse(model, x):
+    """Per layer: the metrics (dict) and the (B, H, T, T) weights or None."""
+    inputs, outputs = {}, {}
+    hooks = [b.attn.register_forward_hook(lambda m, a, o, i=i: inputs.__setitem__(i, a[0]))
+             for i, b in enumerate(blocks(model))]
+    hooks += [b.register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o)) for i, b in enumerate(blocks(model))]
+    model(x)
+    for h in hooks:
+        h.remove()
+    layers, maps = [], []
+    for i, block in enumerate(blocks(model)):
+        attn, X = block.attn, outputs[i]
+        row = {'layer': i, 'rule': type(attn).__name__, 'T': X.size(1),
+               'residual': float(np.mean([collapse_residual(t) for t in X])),
+               'effective_rank': float(np.mean([effective_rank(t) for t in X])),
+               'clusters': {str(t): float(np.mean([clusters(e, t) for e in X])) for t in THRESHOLDS}}
+        try:
+            w = attn.attention_weights(*attn.project(inputs[i])).float()
+        except NotImplementedError as e:
+            row['weights'] = f"n/a: {e}"
+            layers.append(row)
+            maps.append(None)
+            continue
+        causal, T = attn.causal, w.size(-1)
+        share, empty = first_token_share(w)
+        base = uniform_share(T, causal)
+        row['heads'] = {'sparsity': sparsity(w, causal).tolist(), 'empty_rows': empty.tolist()}
+        if attn.weights_note:
+            row['weights'] = f"not a distribution: {attn.weights_note}"
+            row['heads']['entropy'] = f"n/a: {attn.weights_note}"
+        else:
+            row['heads']['entropy'] = entropy(w).tolist()
+        if attn.first_token_note:
+            row['heads']['first_token_share'] = row['heads']['sink_ratio'] = f"n/a: {attn.first_token_note}"
+        else:
+            row['heads']['first_token_share'] = share.tolist()
+            row['heads']['sink_ratio'] = (share / base).tolist()
+        row['uniform_share'] = base
+        layers.append(row)
+        maps.append(w)
+    return layers, maps
+
+
+def mean(v):
+    return float(np.mean(v)) if isinstance(v, list) else None
+
+
+def fmt(v, spec='.4f'):
+    return format(v, spec) if isinstance(v, (int, float)) else 'n/a'
+
+
+def print_table(entry):
+    print(f"\n== {entry['name']}: {entry['attention']} at iteration {entry['iter']}, {entry['examples']} val examples "
+          f"of {entry['T']} tokens; uniform first-token share {fmt(entry['layers'][0].get('uniform_share'))}")
+    notes = {r.get('weights') for r in entry['layers']} | {h for r in entry['layers'] for h in
+                                                           [r.get('heads', {}).get('first_token_share')]
+                                                           if isinstance(h, str)}
+    for note in sorted(n for n in notes if n):
+        print(f"  note: {note}")
+    print(f"{'layer':>5} {'head':>4} {'1st-tok':>8} {'ratio':>7} {'sparsity':>8} {'entropy':>7} | {'residual':>8} "
+          f"{'effrank':>7} {'cl@.9':>6} {'cl@.95':>6} {'cl@.99':>6}")
+    for r in entry['layers']:
+        heads = r.get('heads', {})
+        stats = [heads.get(k) for k in ('first_token_share', 'sink_ratio', 'sparsity', 'entropy')]
+        collapse = (f"{r['residual']:8.4f} {r['effective_rank']:7.2f} "
+                    + ' '.join(f"{r['clusters'][str(t)]:6.2f}" for t in THRESHOLDS))
+        print(f"{r['layer']:>5} {'mean':>4} " + ' '.join(f"{fmt(mean(v)):>{n}}" for v, n in zip(stats, (8, 7, 8, 7)))
+              + f" | {collapse}")
+        for h in range(len(heads.get('sparsity', []))):
+            print(f"{'':>5} {h:>4} " + ' '.join(f"{fmt(v[h] if isinstance(v, list) else None):>{n}}"
+                                               for v, n in zip(stats, (8, 7, 8, 7))))
+
+
+# -----------------------------------------------------------------------------
+# plots (matplotlib only here)
+
+def make_plots(entries, all_maps, folder):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for entry, maps in zip(entries, all_maps):
+        shown = [(i, m) for i, m in enumerate(maps) if m is not None]
+        if not shown:
+            continue
+        H = shown[0][1].size(1)
+        fig, axes = plt.subplots(len(shown), H, figsize=(2.2 * H, 2.2 * len(shown)), squeeze=False)
+        signed = any((m < 0).any() for _, m in shown)
+        for row, (i, m) in enumerate(shown):
+            for h in range(H):
+                w = m[min(example, m.size(0) - 1), h].numpy()
+                ax = axes[row][h]
+                if signed:
+                    lim = max(abs(w).max(), 1e-12)
+                    ax.imshow(w, cmap='RdBu_r', vmin=-lim, vmax=lim)
+                else:
+                    ax.imshow(w, cmap='viridis', vmin=0)
+                ax.set_xticks([]), ax.set_yticks([])
+                ax.set_title(f"layer {i} head {h}", fontsize=8)
+        fig.suptitle(f"{entry['name']} ({entry['attention']}): attention weights, example {example}"
+                     f"\n(rows: queries, columns: keys{'; signed, red > 0 > blue' if signed else ''})", fontsize=9)
+        fig.tight_layout()
+        path = os.path.join(folder, f"maps_{entry['slug']}.png")
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        written.append(path)
+
+    def per_layer(ax, key, title, ylabel, baseline=None):
+        for entry in entries:
+            ys = [key(r) for r in entry['layers']]
+            if any(y is not None for y in ys):
+                ax.plot(range(len(ys)), [np.nan if y is None else y for y in ys], marker='o', label=entry['name'])
+        if baseline is not None:
+            ax.axhline(baseline, color='grey', linestyle='--', label='uniform weights')
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel('layer')
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=6)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    base = next((r['uniform_share'] for e in entries for r in e['layers'] if 'uniform_share' in r), None)
+    per_layer(ax, lambda r: mean(r.get('heads', {}).get('first_token_share')), 'first-token share (attention sink) '
+              'vs layer, mean over heads', 'share of weight on token 0', base)
+    fig.tight_layout()
+    written.append(os.path.join(folder, 'sink.png'))
+    fig.savefig(written[-1], dpi=80)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 1 + len(THRESHOLDS), figsize=(4 * (1 + len(THRESHOLDS)), 3.6))
+    per_layer(axes[0], lambda r: r['effective_rank'], 'effective rank of X vs layer', 'effective rank')
+    for ax, t in zip(axes[1:], THRESHOLDS):
+        per_layer(ax, lambda r, t=t: r['clusters'][str(t)], f'clusters at cos > {t} vs layer', 'clusters')
+    fig.tight_layout()
+    written.append(os.path.join(folder, 'collapse.png'))
+    fig.savefig(written[-1], dpi=80)
+    plt.close(fig)
+
+    logs = [(e['name'], e['log']) for e in entries if e.get('log')]
+    if logs:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, records in logs:
+            train = [(r['iter'], r['loss']) for r in records if r.get('type') == 'train']
+            val = [(r['iter'], r['val_loss']) for r in records if r.get('type') == 'eval']
+            if train:
+                it, loss = zip(*train)
+                k = max(1, len(loss) // 50)  # a running mean over ~2% of the run
+                smooth = np.convolve(loss, np.ones(k) / k, mode='valid')
+                line, = ax.plot(it[k - 1:], smooth, alpha=0.6, label=f'{name} train')
+                if val:
+                    ax.plot(*zip(*val), marker='o', color=line.get_color(), label=f'{name} val')
+        ax.set_title('loss curves from log.jsonl (train: running mean)', fontsize=9)
+        ax.set_xlabel('iteration')
+        ax.set_ylabel('loss')
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        written.append(os.path.join(folder, 'loss.png'))
+        fig.savefig(written[-1], dpi=80)
+        plt.close(fig)
+    return written
+
+
+def read_log(path):
+    records = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass
+    return records
+
+
+def main():
+    entries, all_maps, problems = [], [], []
+    dirs = [d for d in out_dir.split(',') if d]
+    for path in dirs:
+        try:
+            model, args, config, kind, iter_num = load_model(path)
+            x = val_batch(config, kind, args['block_size'], data_dir or config['data_dir'] or
+                          os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', config['dataset']))
+        except Skip as e:
+            print(f"error: {path}: {e}")
+            problems.append({'name': path, 'error': str(e)})
+            continue
+        runs = [(path, model, iter_num)]
+        if untrained:
+            torch.manual_seed(config.get('seed', seed))
+            fresh = (ViT(ViTConfig(**args)) if kind == 'image' else GPT(GPTConfig(**args))).eval()
+            runs.append((f"{path} (untrained)", fresh, 0))
+        for name, m, it in runs:
+            layers, maps = analyse(m, x)
+            slug = name.strip('/').replace('/', '_').replace(' ', '_').replace('(', '').replace(')', '')
+            entries.append({'name': name, 'slug': slug, 'attention': args['attention'], 'iter': it, 'T': layers[0]['T'],
+                            'examples': x.size(0), 'layers': layers,
+                            'log': read_log(os.path.join(path, 'log.jsonl')) if it else []})
+            all_maps.append(maps)
+            print_table(entries[-1])
+    target = json_out or os.path.join(dirs[0] if dirs and os.path.isdir(dirs[0]) else '.', 'analysis.json')
+    with open(target, 'w') as f:
+        json.dump({'checkpoints': [{k: v for k, v in e.items() if k not in ('log', 'slug')} for e in entries],
+                   'errors': problems}, f, indent=1)
+    print(f"\nwrote {target}")
+    if plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(f"plots: matplotlib is not installed, so no PNGs were written; pip install matplotlib, then run again")
+            return
+        for p in make_plots(entries, all_maps, plots):
+            print(f"wrote {p}")
+
+
+if __name__ == '__main__':
+    main()
