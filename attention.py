@@ -39,7 +39,7 @@ class AttentionConfig:
     flex: bool = False           # use the flex_attention path on CUDA
     causal: bool = True          # GPT: True; ViT: False
     grid_size: int = 0           # ViT: side of the patch grid (tokens = 1 CLS + grid_size²); 0 for sequences
-    pos_emb: str = 'learned'     # 'learned' (added to the input) or 'rope' (rotates q and k in every layer)
+    pos_emb: str = 'learned'     # 'learned' (added to the input), 'rope' (rotates q and k in every layer) or 'none'
     rope_base: float = 10000.0
     window: int = 0              # softmax: sliding window of W keys (i-W < j <= i); 0 = full context
     n_layer: int = 12            # depth (the ViT's Krause top-k grows over it)

@@ -24,8 +24,8 @@ class GPTConfig(AttentionConfig):
     drop_path: float = 0.0   # stochastic depth, linear over depth (ViT); 0 for the GPT
 
     def __post_init__(self):  # checked with the config, so train.py can check it before any work
-        if self.pos_emb not in ('learned', 'rope'):
-            raise ValueError(f"pos_emb must be 'learned' or 'rope', got '{self.pos_emb}'")
+        if self.pos_emb not in ('learned', 'rope', 'none'):
+            raise ValueError(f"pos_emb must be 'learned', 'rope' or 'none', got '{self.pos_emb}'")
 
 
 class LayerNorm(nn.Module):
