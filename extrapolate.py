@@ -7,6 +7,8 @@ For each length L = m x block_size: num_tokens // L windows of the val split at 
 seed for every checkpoint), the mean loss over all positions ('all') and over the positions past the training
 length, block_size..L-1 ('beyond'). Learned position embeddings stop at block_size: those rows say so.
 With pos_emb 'rope' or 'none' the model runs at any length (RoPE's tables grow; see GPT.forward).
+A passkey checkpoint (dataset=passkey, prepare/passkey.py) gets instead the answer accuracy per length on
+num_examples fresh episodes: per digit, and whole passkeys.
 """
 import json
 import os
@@ -26,6 +28,7 @@ num_tokens = 65536          # val tokens per length
 batch_size = 8
 device = 'cpu'
 dtype = 'float32'
+num_examples = 500          # passkey: fresh episodes per length
 seed = 1337
 json_out = False
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
@@ -50,18 +53,45 @@ def evaluate(model, data, L, ctx):
     return torch.cat(total).mean().item(), (torch.cat(beyond).mean().item() if L > block else None)
 
 
+@torch.no_grad()
+def passkey_accuracy(model, task, L, ctx):
+    """(digit accuracy, whole-passkey accuracy) on num_examples fresh episodes of length L."""
+    from prepare.passkey import make_examples
+    x, y = (torch.from_numpy(a.astype(np.int64)).to(device) for a in make_examples(num_examples, L, task['digits'],
+                                                                                 seed + 1000 + L))
+    right = []
+    for i in range(0, num_examples, batch_size * 8):
+        with ctx:
+            logits, _ = model(x[i:i + batch_size * 8], y[i:i + batch_size * 8])
+        right.append((logits.argmax(-1) == y[i:i + batch_size * 8])[:, -task['digits']:])
+    right = torch.cat(right)
+    return right.float().mean().item(), right.all(1).float().mean().item()
+
+
 if __name__ == '__main__':
     device_type, ptdtype, ctx = precision(device, dtype)
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
-    if checkpoint['meta'].get('kind') != 'text':
+    if checkpoint['meta'].get('kind') != 'text' and checkpoint['meta'].get('dataset') != 'passkey':
         raise SystemExit(f"error: {ckpt_path} is not a text model; extrapolate.py evaluates a GPT on a token stream")
     model = GPT(GPTConfig(**checkpoint['model_args']))
     model.load_state_dict(checkpoint['model'])
     model.eval().to(device)
+    cfg, task = model.config, checkpoint['meta'].get('task')
+    if checkpoint['meta']['dataset'] == 'passkey':
+        for m in [int(s) for s in str(multiples).split(',')]:
+            L = m * cfg.block_size
+            if cfg.pos_emb == 'learned' and L > cfg.block_size:
+                print(f"{cfg.attention} {m}x T={L}: n/a (learned positions stop at block_size)")
+                continue
+            digit, whole = passkey_accuracy(model, task, L, ctx)
+            row = dict(checkpoint=out_dir, model=f"{cfg.attention} pos_emb={cfg.pos_emb}", multiple=m, T=L,
+                       digit_acc=digit, passkey_acc=whole)
+            print(json.dumps(row) if json_out else f"{row['model']:<24s} {m}x T={L:<6d} passkey accuracy {whole:.3f} "
+                                                   f"(digits {digit:.3f})")
+        raise SystemExit(0)
     data_dir = data_dir or checkpoint['config']['data_dir']
     data = np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
-    cfg = model.config
     name = cfg.attention + ('-mix' if cfg.krause_mix else '') + f" pos_emb={cfg.pos_emb}"
     for m in [int(s) for s in str(multiples).split(',')]:
         L = m * cfg.block_size
