@@ -650,8 +650,8 @@ class ClusterAttention(Attention):
         (B, H, T, D), L = k.shape, self.block
         kv1 = torch.cat([k, v, torch.ones_like(k[..., :1])], -1)                 # (B, H, T, 2D+1)
         n, running = T // L, torch.promote_types(k.dtype, torch.float32)
-        Sb = self.assign(k[:, :, :n * L], self.seeds).view(B, H, n, L, -1)      # (B, H, n, L, m)
-        cache.sums = (Sb.transpose(-1, -2) @ kv1[:, :, :n * L].view(B, H, n, L, -1)).to(running).sum(2)
+        Sb = self.assign(k[:, :, :n * L], self.seeds).view(B, H, n, L, self.seeds.size(1))  # (B, H, n, L, m); n may be 0
+        cache.sums = (Sb.transpose(-1, -2) @ kv1[:, :, :n * L].view(B, H, n, L, 2 * D + 1)).to(running).sum(2)
         cache.current, cache.pos = kv1[:, :, n * L:], T                         # (B, H, T - n·L, 2D+1)
 
     def decode(self, q, k, v, cache):  # (B, H, 1, D): its own block exactly, the finished blocks as summaries

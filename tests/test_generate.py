@@ -15,7 +15,7 @@ SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=
 CASES = [dict(attention=name) for name in ATTENTION] + [
     dict(attention='softmax', window=8), dict(attention='krause', krause_mix=True),
     dict(attention='attentionx', window=8),
-    dict(attention='cluster', cluster_block=5), dict(attention='softmax', pos_emb='none'),
+    dict(attention='cluster', cluster_block=5), dict(attention='cluster', cluster_block=24), dict(attention='softmax', pos_emb='none'),
     dict(attention='softmax', pos_emb='learned', block_size=96)]
 
 
