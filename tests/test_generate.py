@@ -95,3 +95,15 @@ def test_ring_holds_the_last_window():
     ring.append(torch.arange(5.).view(1, 1, 5, 1))
     ring.append(torch.tensor(5.).view(1, 1, 1, 1))
     assert sorted(ring.tensors()[0].flatten().tolist()) == [3., 4., 5.] and ring.pos == 6
+
+
+def test_passkey_task_hides_the_number_and_asks_for_it_at_the_end():
+    from prepare import DATASETS
+    from prepare.passkey import FILLER, make_examples
+    assert DATASETS['passkey'][1] == 'examples'
+    x, y = make_examples(50, 40, 4, seed=0)
+    assert x.shape == y.shape == (50, 40) and (y[:, :-4] == -1).all()
+    KEY, QUERY = FILLER + 10, FILLER + 11
+    for row, target in zip(x, y):
+        depth = list(row).index(KEY)
+        assert list(row[depth + 1:depth + 5]) == list(target[-4:]) and row[-4] == QUERY
