@@ -769,6 +769,9 @@ class KVCache:
         if self.capacity is None:
             for b, t in zip(self.buffers, tensors):
                 b[:, :, self.pos:self.pos + T] = t
+        elif T == 1:  # one token: its slot in the ring, no index tensor
+            for b, t in zip(self.buffers, tensors):
+                b[:, :, self.pos % self.capacity] = t[:, :, 0]
         else:  # only the last W can ever be seen again
             m = min(T, self.capacity)
             slots = torch.arange(self.pos + T - m, self.pos + T, device=tensors[0].device) % self.capacity
