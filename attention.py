@@ -39,7 +39,7 @@ class AttentionConfig:
     flex: bool = False           # use the flex_attention path on CUDA
     causal: bool = True          # GPT: True; ViT: False
     grid_size: int = 0           # ViT: side of the patch grid (tokens = 1 CLS + grid_size²); 0 for sequences
-    pos_emb: str = 'learned'     # 'learned' (added to the input) or 'rope' (rotates q and k in every layer)
+    pos_emb: str = 'learned'     # 'learned' (added to the input), 'rope' (rotates q and k in every layer) or 'none'
     rope_base: float = 10000.0
     window: int = 0              # softmax: sliding window of W keys (i-W < j <= i); 0 = full context
     n_layer: int = 12            # depth (the ViT's Krause top-k grows over it)
@@ -97,6 +97,12 @@ class Attention(nn.Module):
         for any rule linear in v by running `attend` on the identity basis; a rule that is not y = W v overrides
         it. `weights_note` says why W is not a distribution (None: rows >= 0 summing to 1), `first_token_note` why
         the share of token 0 means nothing for the rule (None: it does).
+      - A rule's cache (generation, GPT.generate): `new_cache()` gives the state one layer keeps between tokens
+        (a KVCache, or the rule's own object with `pos` and `nbytes()`); `fill(cache, *tensors)` stores a prompt's
+        projected tensors after `attend` has computed the prompt as in training; `decode(*tensors, cache=cache)`
+        takes one new token's tensors (B, H, 1, D), adds it to the cache and returns its output (B, H, 1, D),
+        equal to what `attend` gives the last position of the whole sequence. The frame rotates q and k at the
+        absolute position `cache.pos`. tests/test_generate.py checks every rule in ATTENTION against the forward.
     """
     projections = ('q', 'k', 'v')  # what project returns, in order; None: the rule brings its own projections
     no_decay = ()                  # names of this module's parameters that AdamW must not decay
@@ -119,22 +125,31 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.rope = Rotary(self.head_dim, config.block_size, config.rope_base) if config.pos_emb == 'rope' else None
 
-    def project(self, x):
+    def project(self, x, offset=0):  # offset: the absolute position of x's first token (generation)
         tensors = [split_heads(t, self.n_head) for t in self.c_attn(x).chunk(len(self.projections), dim=2)]
         if self.rope is not None:  # positions enter through the queries and keys only
-            tensors = [self.rope(t) if name[0] in 'qk' else t for name, t in zip(self.projections, tensors)]
+            tensors = [self.rope(t, offset) if name[0] in 'qk' else t for name, t in zip(self.projections, tensors)]
         return tuple(tensors)  # (B, H, T, D) each
 
     def out(self, y):
         return self.resid_dropout(self.c_proj(merge_heads(y)))
 
-    def forward(self, x):
-        tensors = self.project(x)
+    def forward(self, x, cache=None):
+        tensors = self.project(x, 0 if cache is None else cache.pos)
+        if cache is not None and cache.pos:  # generation: one new token against what the cache holds
+            if x.size(1) != 1:
+                raise ValueError(f"a filled cache takes one token at a time, got {x.size(1)}; prefill a new cache")
+            return self.out(self.decode(*tensors, cache=cache))
         y = self.attend_flex(*tensors) if (self.flex and x.is_cuda) else self.attend(*tensors)
+        if cache is not None:  # prefill: the prompt computed as in training, then its state into the cache
+            self.fill(cache, *tensors)
         return self.out(y)
 
     def attend(self, q, k, v):
         raise NotImplementedError
+
+    def new_cache(self):
+        raise NotImplementedError(f"{type(self).__name__} has no cache; generate with use_cache=False")
 
     def attend_flex(self, q, k, v):
         raise NotImplementedError(f"{type(self).__name__} has no flex path; set flex=False")
@@ -193,6 +208,16 @@ class SoftmaxAttention(Attention):
         # flex has no attention-weight dropout; the residual dropout in `out` still applies
         mask_mod = sliding_window_mask(self.window) if self.window else causal_mask if self.causal else None
         return run_flex(q, k, v, block_mask=block_mask(mask_mod, q.size(2), q.device))
+
+    def new_cache(self):  # every key and value (grows with the context), or a ring of the last `window` (constant)
+        return KVCache(self.window or None)
+
+    def fill(self, cache, q, k, v):
+        cache.append(k, v)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): the cache holds exactly the keys the new query sees, no mask
+        cache.append(k, v)
+        return F.scaled_dot_product_attention(q, *cache.tensors())
 
 
 class KrauseAttention(Attention):
@@ -304,6 +329,22 @@ class KrauseAttention(Attention):
         mask_mod = grid_mask(*self.grid, q.device) if self.grid else sliding_window_mask(self.window)
         return run_flex(q_scaled, k, v, score_mod=krause_score, block_mask=block_mask(mask_mod, T, q.device), scale=1.0)
 
+    def new_cache(self):  # a ring of the last krause_window keys and values: constant memory for ever
+        if self.grid:
+            raise ValueError("the 2-D (ViT) Krause form does not generate; a cache is for the causal GPT form")
+        return KVCache(self.window)
+
+    def fill(self, cache, q, k, v):
+        cache.append(k, v)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): the top k of the (up to W) keys the ring holds
+        cache.append(k, v)
+        keys, values = cache.tensors()                                             # (B, H, n <= W, D)
+        q_scaled, key_bias = self.rbf_terms(q, keys)
+        scores = q_scaled @ keys.transpose(-1, -2) + key_bias.unsqueeze(-2)         # (B, H, 1, n)
+        weights, _ = self.topk_softmax(scores, torch.ones((), dtype=torch.bool, device=q.device))
+        return weights @ values
+
 
 def krause_topk_schedule(topk, n_layer):
     """ViT top-k over depth, k at the first layer to 2k at the last: round(linspace(k, 2k, n_layer))."""
@@ -334,8 +375,8 @@ class KrauseMixAttention(Attention):
         with torch.no_grad():
             self.gate.bias.copy_(torch.tensor([math.log(0.8 / 0.2), 0.0]))  # softmax(bias) = (0.8, 0.2)
 
-    def project(self, x):
-        return self.softmax.project(x) + self.krause.project(x)  # q, k, v of the softmax branch, then Krause's
+    def project(self, x, offset=0):
+        return self.softmax.project(x, offset) + self.krause.project(x, offset)  # softmax's q, k, v, then Krause's
 
     def attend(self, q, k, v, q_krause, k_krause, v_krause):
         return torch.cat([self.softmax.attend(q, k, v), self.krause.attend(q_krause, k_krause, v_krause)], -1)
@@ -343,6 +384,17 @@ class KrauseMixAttention(Attention):
     def attend_flex(self, q, k, v, q_krause, k_krause, v_krause):
         return torch.cat([self.softmax.attend_flex(q, k, v),
                           self.krause.attend_flex(q_krause, k_krause, v_krause)], -1)
+
+    def new_cache(self):  # the softmax branch's (every key unless `window`: grows) beside Krause's ring
+        return CacheGroup(self.softmax.new_cache(), self.krause.new_cache())
+
+    def fill(self, cache, *tensors):
+        self.softmax.fill(cache.caches[0], *tensors[:3])
+        self.krause.fill(cache.caches[1], *tensors[3:])
+
+    def decode(self, q, k, v, q_krause, k_krause, v_krause, cache):
+        return torch.cat([self.softmax.decode(q, k, v, cache.caches[0]),
+                          self.krause.decode(q_krause, k_krause, v_krause, cache.caches[1])], -1)
 
     def out(self, y):  # (B, H, T, 2D): the two branches' heads side by side
         y_softmax, y_krause = self.softmax.out(y[..., :self.head_dim]), self.krause.out(y[..., self.head_dim:])
@@ -407,6 +459,9 @@ class AttentionX(SoftmaxAttention):
             return self.discrepancy(v, super().attend_flex(q, k, v))
         return self.discrepancy(v, run_flex(q, k, v, block_mask=block_mask(off_diagonal_mask, q.size(2), q.device)))
 
+    def decode(self, q, k, v, cache):  # softmax's cache (all keys, or the window's ring); the diagonal is kept
+        return self.discrepancy(v, super().decode(q, k, v, cache))
+
 
 class ThresholdDifferentialAttention(Attention):
     """
@@ -453,9 +508,10 @@ class ThresholdDifferentialAttention(Attention):
             self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
         self.head_norm = nn.RMSNorm(self.head_dim, eps=config.tda_eps)
 
-    def threshold(self, T, device):
-        """τ per query, (T,): τ_i on the 0-based position i; without causality one τ for all, from the T keys."""
-        n = torch.arange(1, T + 1, device=device) if self.causal else torch.full((T,), T, device=device)
+    def threshold(self, T, device, start=0):
+        """τ per query, (T,): τ_i on the 0-based position i = start..start+T-1; without causality one τ for all,
+        from the T keys. Generation passes start = the absolute position of the new token (SPEC §2)."""
+        n = torch.arange(start + 1, start + T + 1, device=device) if self.causal else torch.full((T,), T, device=device)
         spurious = 2 * torch.log(n.to(self.log_beta.dtype) / self.kappa).clamp_min(0) / self.head_dim
         return self.log_beta.exp() * spurious.sqrt()
 
@@ -503,6 +559,24 @@ class ThresholdDifferentialAttention(Attention):
         if self.differential:
             y = y - torch.sigmoid(self.lambda_logit) * view(qk[2], qk[3])
         return self.head_norm(y.to(v.dtype))
+
+    def new_cache(self):  # every normalised key of each view and every value: grows with the context
+        return KVCache()
+
+    def fill(self, cache, *tensors):
+        *qk, v = tensors
+        cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
+
+    def decode(self, *tensors, cache):  # q1, k1, q2, k2, v of one token, (B, H, 1, D) each
+        *qk, v = tensors
+        tau = self.threshold(1, v.device, start=cache.pos)  # τ at the new token's absolute position
+        cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
+        *keys, values = cache.tensors()                      # (B, H, pos, D) each: every key is visible
+        queries = [F.normalize(q, dim=-1) for q in qk[0::2]]
+        a = self.view_weights(queries[0], keys[0], tau)      # (B, H, 1, pos)
+        if self.differential:
+            a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(queries[1], keys[1], tau)
+        return self.head_norm(a @ values)
 
     def attention_weights(self, *tensors):
         """For analysis: the whole (B, H, T, T) matrix a¹ - λa² from what project returns (short T only): the weights
@@ -599,6 +673,45 @@ class ClusterAttention(Attention):
         weights = F.dropout((qb @ keys.transpose(-1, -2) + bias).softmax(-1), self.dropout, self.training)
         return unband(weights @ values, T)  # (B, H, T, D)
 
+    def new_cache(self):  # Σ S·[k, v, 1] of the finished blocks + the current block: O(m + block) for ever
+        if not self.causal:
+            raise ValueError("the bidirectional (ViT) cluster form does not generate; a cache is for the GPT form")
+        return ClusterCache()
+
+    def fill(self, cache, q, k, v):
+        (B, H, T, D), L = k.shape, self.block
+        kv1 = torch.cat([k, v, torch.ones_like(k[..., :1])], -1)                 # (B, H, T, 2D+1)
+        n, running = T // L, torch.promote_types(k.dtype, torch.float32)
+        Sb = self.assign(k[:, :, :n * L], self.seeds).view(B, H, n, L, self.seeds.size(1))  # (B, H, n, L, m); n may be 0
+        cache.sums = (Sb.transpose(-1, -2) @ kv1[:, :, :n * L].view(B, H, n, L, 2 * D + 1)).to(running).sum(2)
+        cache.current, cache.pos = kv1[:, :, n * L:], T                         # (B, H, T - n·L, 2D+1)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): its own block exactly, the finished blocks as summaries
+        D = q.size(-1)
+        cache.current = torch.cat([cache.current, torch.cat([k, v, torch.ones_like(k[..., :1])], -1)], 2)
+        mean_k, mean_v, log_mass = (t.to(q.dtype) for t in cluster_means(cache.sums, D))  # (B, H, m, ·)
+        keys = torch.cat([cache.current[..., :D], mean_k], 2)                              # (B, H, n + m, D)
+        values = torch.cat([cache.current[..., D:2 * D], mean_v], 2)
+        bias = torch.cat([log_mass.new_zeros(log_mass.shape[:2] + (cache.current.size(2),)), log_mass], -1)
+        y = ((q / math.sqrt(D)) @ keys.transpose(-1, -2) + bias.unsqueeze(-2)).softmax(-1) @ values
+        cache.pos += 1
+        if cache.current.size(2) == self.block:  # the block is finished: fold it into the summaries
+            S = self.assign(cache.current[..., :D], self.seeds)                            # (B, H, L, m)
+            cache.sums = cache.sums + (S.transpose(-1, -2) @ cache.current).to(cache.sums.dtype)
+            cache.current = cache.current[:, :, :0]
+        return y
+
+
+class ClusterCache:
+    """Causal cluster attention between tokens: `sums`, Σ S·[k, v, 1] over the finished blocks (B, H, m, 2D+1), in
+    float32 or wider; `current`, the current block's [k, v, 1] (B, H, < block, 2D+1). O(m + block), any length."""
+
+    def __init__(self):
+        self.pos, self.sums, self.current = 0, None, None
+
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in (self.sums, self.current) if t is not None)
+
 
 # -----------------------------------------------------------------------------
 # the table of rules: `attention=<name>` in a config picks the class
@@ -643,19 +756,81 @@ def merge_heads(y):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding (Su et al. 2021), rotate-half form, positions 0..T-1."""
+    """Rotary position embedding (Su et al. 2021), rotate-half form, positions offset..offset+T-1. The tables hold
+    max_len positions and grow (doubling) when a sequence or generation goes past them: no bound on the position."""
 
     def __init__(self, head_dim, max_len, base=10000.0):
         super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (max_len, D/2)
-        self.register_buffer('cos', angles.cos().repeat(1, 2), persistent=False)   # (max_len, D)
-        self.register_buffer('sin', angles.sin().repeat(1, 2), persistent=False)
+        self.head_dim, self.base = head_dim, base
+        cos, sin = self.tables(max_len, torch.float32, None)
+        self.register_buffer('cos', cos, persistent=False)  # (max_len, D)
+        self.register_buffer('sin', sin, persistent=False)
 
-    def forward(self, x):  # (B, H, T, D)
+    def tables(self, n, dtype, device):  # always computed in float32, so growing never changes a stored position
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim)
+        angles = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)  # (n, D/2)
+        return angles.cos().repeat(1, 2).to(dtype), angles.sin().repeat(1, 2).to(dtype)
+
+    def forward(self, x, offset=0):  # (B, H, T, D), offset: the absolute position of x's first token
         T, half = x.size(2), x.size(3) // 2
+        if offset + T > self.cos.size(0):  # past the tables (longer than block_size): make them longer
+            self.cos, self.sin = self.tables(max(2 * self.cos.size(0), offset + T), self.cos.dtype, self.cos.device)
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * self.cos[:T] + rotated * self.sin[:T]).type_as(x)
+        return (x * self.cos[offset:offset + T] + rotated * self.sin[offset:offset + T]).type_as(x)
+
+
+# -----------------------------------------------------------------------------
+# generation: the bookkeeping every rule's cache shares (positions, ring indexing). A rule's own cache object and
+# its decode method sit next to its attend; GPT.generate holds one cache per layer (model.GenerationCache).
+
+class KVCache:
+    """One layer's cached tensors (B, H, n, D_i), e.g. k and v, and `pos`, the positions seen so far. capacity None:
+    all of them, in buffers that double when full (amortised O(1) per token). capacity W: a ring of the last W,
+    position p in slot p % W, which is exactly the window i - W < j <= i of the newest query i."""
+
+    def __init__(self, capacity=None):
+        self.capacity, self.pos, self.buffers = capacity, 0, None
+
+    def append(self, *tensors):  # (B, H, T, D_i) each: T new positions
+        T = tensors[0].size(2)
+        size = self.capacity or max(2 * self.pos, self.pos + T, 64)
+        if self.buffers is None or (self.capacity is None and self.pos + T > self.buffers[0].size(2)):
+            old, self.buffers = self.buffers, [t.new_zeros(*t.shape[:2], size, t.size(3)) for t in tensors]
+            for b, o in zip(self.buffers, old or []):
+                b[:, :, :self.pos] = o[:, :, :self.pos]
+        if self.capacity is None:
+            for b, t in zip(self.buffers, tensors):
+                b[:, :, self.pos:self.pos + T] = t
+        elif T == 1:  # one token: its slot in the ring, no index tensor
+            for b, t in zip(self.buffers, tensors):
+                b[:, :, self.pos % self.capacity] = t[:, :, 0]
+        else:  # only the last W can ever be seen again
+            m = min(T, self.capacity)
+            slots = torch.arange(self.pos + T - m, self.pos + T, device=tensors[0].device) % self.capacity
+            for b, t in zip(self.buffers, tensors):
+                b[:, :, slots] = t[:, :, T - m:]
+        self.pos += T
+
+    def tensors(self):  # the held positions, (B, H, min(pos, capacity), D_i) each; a ring's in slot order
+        n = self.pos if self.capacity is None else min(self.pos, self.capacity)
+        return [b[:, :, :n] for b in self.buffers]
+
+    def nbytes(self):  # the held positions' bytes (a growing buffer may hold up to 2x this, allocated)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+class CacheGroup:
+    """Several caches that advance together (a rule with two branches): `pos` is the first one's."""
+
+    def __init__(self, *caches):
+        self.caches = caches
+
+    @property
+    def pos(self):
+        return self.caches[0].pos
+
+    def nbytes(self):
+        return sum(c.nbytes() for c in self.caches)
 
 
 # -----------------------------------------------------------------------------

@@ -10,6 +10,11 @@ Every attention config key (attention.AttentionConfig) is a flag. --flex=True ti
 (forward only on CPU, where flex has no backward); --dense=True also times a variant's dense O(T²) form
 (`attend_dense`) where it has one. --mode=model times a whole GPT train step (tokens/s) instead.
 Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's resident set (Linux only).
+
+--mode=generate: decoding with the KV cache (GPT.generate). For each context length T, the ms per new token of a
+GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside full softmax in the same run:
+$ python bench.py --mode=generate --attention=krause --krause_window=32 --pos_emb=rope --n_layer=6 --n_embd=384 \
+      --n_head=6 --vocab_size=65 --seq_lens=1024,4096,16384
 """
 import ctypes
 import json
@@ -24,12 +29,14 @@ from model import GPT, GPTConfig
 from runtime import DTYPES, dataclass_defaults, dataclass_values, peak_flops, precision
 
 # -----------------------------------------------------------------------------
-mode = 'attention'          # 'attention' (the rule alone) or 'model' (a whole GPT train step)
+mode = 'attention'          # 'attention' (the rule alone), 'model' (a whole GPT train step) or 'generate' (decode)
 seq_lens = '1024,4096,8192'
 batch = 1
 n_head = 8
 n_embd = 512                # 8 heads x 64 dims
-n_layer = 12                # model mode
+n_layer = 12                # model and generate modes
+vocab_size = 50304          # generate mode (model mode: always 50304)
+decode_tokens = 16          # generate mode: new tokens per timed run
 dense = False               # also time the variant's dense reference form, where it has one
 backward = True             # forward+backward; flex on CPU is always forward only
 repeats = 5
@@ -184,6 +191,42 @@ def bench_model():
         report({**row, 'vs_softmax': None, 'tokens_per_s': batch * row['T'] / row['ms'] * 1000, 'mfu': mfu})
 
 
-if mode not in ('attention', 'model'):
-    raise SystemExit(f"error: mode must be 'attention' or 'model', got '{mode}'")
-bench_attention() if mode == 'attention' else bench_model()
+def filled_cache(model, T):
+    """A cache holding T positions, put there by each layer's fill on random activations (what the context holds
+    does not change what a token costs; a real prefill of 16k tokens with full softmax would take minutes on CPU)."""
+    cache = model.new_cache(batch)
+    x = torch.randn(batch, T, model.config.n_embd, device=device, dtype=ptdtype)
+    for block, layer in zip(model.transformer.h, cache.layers):
+        block.attn.fill(layer, *block.attn.project(x, 0))
+    return cache
+
+
+@torch.no_grad()
+def bench_generate():
+    rules = [dict(attention='softmax', window=0, krause_mix=False)]
+    if attention != 'softmax' or window:
+        rules.append({})
+    for T in [int(s) for s in str(seq_lens).split(',')]:
+        rows = []
+        for overrides in rules:
+            torch.manual_seed(seed)
+            cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=vocab_size, dropout=0.0, **overrides))
+            model = GPT(cfg).to(device, ptdtype).eval()
+            cache, token = filled_cache(model, T), torch.zeros(batch, 1, dtype=torch.long, device=device)
+
+            def step():
+                for _ in range(decode_tokens):
+                    model(token, cache=cache)
+            ms = milliseconds(step, warmup=1) / decode_tokens
+            name = cfg.attention + ('-mix' if cfg.krause_mix and cfg.attention == 'krause' else '')
+            name += f" W={cfg.krause_window}" if cfg.attention == 'krause' else f" W={cfg.window}" if cfg.window else ''
+            rows.append(dict(attention=name, path='decode', T=T, device=device, ms=ms, peak_mib=cache.nbytes() / 2**20,
+                             tokens_per_s=batch * 1000 / ms))
+            del model, cache
+        for row in rows:  # peak_mib: what the caches hold after the run
+            report({**row, 'vs_softmax': row['ms'] / rows[0]['ms']})
+
+
+if mode not in ('attention', 'model', 'generate'):
+    raise SystemExit(f"error: mode must be 'attention', 'model' or 'generate', got '{mode}'")
+{'attention': bench_attention, 'model': bench_model, 'generate': bench_generate}[mode]()

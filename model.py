@@ -24,8 +24,8 @@ class GPTConfig(AttentionConfig):
     drop_path: float = 0.0   # stochastic depth, linear over depth (ViT); 0 for the GPT
 
     def __post_init__(self):  # checked with the config, so train.py can check it before any work
-        if self.pos_emb not in ('learned', 'rope'):
-            raise ValueError(f"pos_emb must be 'learned' or 'rope', got '{self.pos_emb}'")
+        if self.pos_emb not in ('learned', 'rope', 'none'):
+            raise ValueError(f"pos_emb must be 'learned', 'rope' or 'none', got '{self.pos_emb}'")
 
 
 class LayerNorm(nn.Module):
@@ -80,8 +80,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop_path = DropPath(config.drop_path * layer_idx / max(1, config.n_layer - 1))
 
-    def forward(self, x):
-        x = x + self.drop_path(self.attn(self.ln_1(x)))
+    def forward(self, x, cache=None):  # cache: this layer's generation state (Attention.new_cache), or None
+        x = x + self.drop_path(self.attn(self.ln_1(x), cache))
         x = x + self.drop_path(self.mlp(self.ln_2(x)))
         return x
 
@@ -105,6 +105,22 @@ def init_variants(model):
     for m in model.modules():
         if isinstance(m, Attention):
             m.init_extra()
+
+
+class GenerationCache:
+    """What generation keeps between tokens: one cache per layer (each rule's own, Attention.new_cache), for one
+    model and one batch size. `pos`: the positions seen so far; `nbytes()`: what the layers' caches hold."""
+
+    def __init__(self, model, batch):
+        self.model_id, self.batch = id(model), batch
+        self.layers = [block.attn.new_cache() for block in model.transformer.h]
+
+    @property
+    def pos(self):
+        return self.layers[0].pos
+
+    def nbytes(self):
+        return sum(c.nbytes() for c in self.layers)
 
 
 class GPT(nn.Module):
@@ -132,15 +148,25 @@ class GPT(nn.Module):
             n_params -= self.transformer.wpe.weight.numel()
         return n_params
 
-    def forward(self, idx, targets=None):
+    def new_cache(self, batch):
+        return GenerationCache(self, batch)
+
+    def forward(self, idx, targets=None, cache=None):
+        """idx (b, t). cache (from new_cache): empty, idx is the prompt (prefill); else idx is one new token."""
         b, t = idx.size()
-        assert t <= self.config.block_size, f"sequence of length {t}, block_size is only {self.config.block_size}"
+        start = 0 if cache is None else cache.pos  # absolute position of idx[:, 0]
+        if cache is not None and (cache.model_id != id(self) or cache.batch != b):
+            raise ValueError(f"this cache was made for another model or batch size (batch {cache.batch}, got {b}); "
+                             f"make one with model.new_cache({b})")
+        if self.transformer.wpe is not None and start + t > self.config.block_size:  # rope/none: no bound
+            raise ValueError(f"positions up to {start + t} but learned position embeddings stop at block_size="
+                             f"{self.config.block_size}: crop the context (generate does) or use pos_emb='rope'/'none'")
         x = self.transformer.wte(idx)  # (b, t, n_embd)
         if self.transformer.wpe is not None:
-            x = x + self.transformer.wpe(torch.arange(t, dtype=torch.long, device=idx.device))
+            x = x + self.transformer.wpe(torch.arange(start, start + t, dtype=torch.long, device=idx.device))
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, None if cache is None else cache.layers[i])
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)
@@ -161,12 +187,29 @@ class GPT(nn.Module):
         return flops_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Extend idx (b, t) by max_new_tokens, sampling each from the model's distribution."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Extend idx (b, t) by max_new_tokens, sampling each from the model's distribution (temperature 0: greedy).
+        use_cache: prefill the prompt, then one token at a time against each layer's cache (Attention.new_cache);
+        False: recompute the whole context for every token (nanoGPT's loop, the reference).
+        Learned positions stop at block_size: the context is cropped to its last block_size tokens, as nanoGPT
+        does, and the cache refilled from the crop at every token past it (positions are absolute: a cache cannot
+        slide). With 'rope' or 'none' the whole context is kept past block_size; windowed and cluster caches stay
+        constant, full-context ones (softmax, AttentionX, TDA, the mix form's softmax branch) grow with it."""
+        learned, cache = self.transformer.wpe is not None, None
         for _ in range(max_new_tokens):
-            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
-            logits, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
+            idx_cond = idx[:, -self.config.block_size:] if learned else idx
+            if not use_cache:
+                logits, _ = self(idx_cond)
+            elif cache is None or (learned and cache.pos >= self.config.block_size):
+                cache = self.new_cache(idx.size(0))
+                logits, _ = self(idx_cond, cache=cache)  # prefill
+            else:
+                logits, _ = self(idx[:, -1:], cache=cache)  # one token
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+                continue
+            logits = logits / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float('Inf')

@@ -8,6 +8,7 @@ On a recall checkpoint (the default `python train.py`), with no --start, it show
 pairs, the queries, the model's answers beside the truth, and the accuracy.
 """
 import os
+import time
 
 import torch
 
@@ -22,6 +23,7 @@ num_samples = 10          # number of samples to draw (recall: episodes to show)
 max_new_tokens = 500      # number of tokens generated in each sample
 temperature = 0.8         # 1.0 = no change, < 1.0 = less random, > 1.0 = more random, in predictions
 top_k = 200               # retain only the top_k most likely tokens, clamp others to have 0 probability
+use_cache = True          # KV cache (prefill, then one token at a time); False: recompute the context per token
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float32'
@@ -126,6 +128,11 @@ if __name__ == '__main__':
     x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
     with torch.no_grad(), ctx:
         for k in range(num_samples):
-            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k)
+            t0 = time.perf_counter()
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache)
+            if device_type == 'cuda':
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
             print(decode(y[0].tolist()))
-            print('---------------')
+            print(f"--------------- {max_new_tokens / dt:,.1f} tokens/s ({max_new_tokens} tokens in {dt:.2f} s, "
+                  f"use_cache={use_cache})")

@@ -33,6 +33,7 @@ def _recall_args(cfg):
 DATASETS = {
     'shakespeare_char': ('shakespeare_char', 'text', None),
     'recall': ('recall', 'examples', _recall_args),
+    'passkey': ('passkey', 'examples', lambda cfg: dict(seq_len=cfg['block_size'])),  # trained short, tested long
     'openwebtext': ('openwebtext', 'text', _token_budget),
     'fineweb_edu': ('fineweb_edu', 'text', _token_budget),
     'cifar10': ('cifar', 'image', lambda cfg: dict(dataset='cifar10')),

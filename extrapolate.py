@@ -1,0 +1,110 @@
+"""
+Length extrapolation: val loss of a GPT checkpoint at contexts of 1x, 2x, 4x, 8x its training block_size.
+
+$ python extrapolate.py --out_dir=out-shakespeare-char [--multiples=1,2,4,8 --num_tokens=65536]
+
+For each length L = m x block_size: num_tokens // L windows of the val split at fixed random offsets (the same
+seed for every checkpoint), the mean loss over all positions ('all') and over the positions past the training
+length, block_size..L-1 ('beyond'). Learned position embeddings stop at block_size: those rows say so.
+With pos_emb 'rope' or 'none' the model runs at any length (RoPE's tables grow; see GPT.forward).
+A passkey checkpoint (dataset=passkey, prepare/passkey.py) gets instead the answer accuracy per length on
+num_examples fresh episodes: per digit, and whole passkeys.
+"""
+import json
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig
+from runtime import load_checkpoint, precision
+
+# -----------------------------------------------------------------------------
+out_dir = 'out'
+data_dir = ''               # default: the checkpoint's own data_dir
+multiples = '1,2,4,8'
+num_tokens = 65536          # val tokens per length
+batch_size = 8
+device = 'cpu'
+dtype = 'float32'
+num_examples = 500          # passkey: fresh episodes per length
+seed = 1337
+json_out = False
+exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+# -----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate(model, data, L, ctx):
+    """(mean loss over all positions, over positions >= block_size or None) on num_tokens // L windows of L."""
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, len(data) - L - 1, size=max(1, num_tokens // L))
+    block = model.config.block_size
+    total, beyond = [], []
+    for i in range(0, len(starts), batch_size):
+        rows = [torch.from_numpy(data[s:s + L + 1].astype(np.int64)) for s in starts[i:i + batch_size]]
+        xy = torch.stack(rows).to(device)
+        with ctx:
+            logits, _ = model(xy[:, :-1], xy[:, 1:])
+        loss = F.cross_entropy(logits.float().transpose(1, 2), xy[:, 1:], reduction='none')  # (b, L)
+        total.append(loss.mean(1))
+        beyond.append(loss[:, block:].mean(1) if L > block else loss[:, :0].sum(1))
+    return torch.cat(total).mean().item(), (torch.cat(beyond).mean().item() if L > block else None)
+
+
+@torch.no_grad()
+def passkey_accuracy(model, task, L, ctx):
+    """(digit accuracy, whole-passkey accuracy) on num_examples fresh episodes of length L."""
+    from prepare.passkey import make_examples
+    x, y = (torch.from_numpy(a.astype(np.int64)).to(device) for a in make_examples(num_examples, L, task['digits'],
+                                                                                 seed + 1000 + L))
+    right = []
+    for i in range(0, num_examples, batch_size * 8):
+        with ctx:
+            logits, _ = model(x[i:i + batch_size * 8], y[i:i + batch_size * 8])
+        right.append((logits.argmax(-1) == y[i:i + batch_size * 8])[:, -task['digits']:])
+    right = torch.cat(right)
+    return right.float().mean().item(), right.all(1).float().mean().item()
+
+
+if __name__ == '__main__':
+    device_type, ptdtype, ctx = precision(device, dtype)
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
+    if checkpoint['meta'].get('kind') != 'text' and checkpoint['meta'].get('dataset') != 'passkey':
+        raise SystemExit(f"error: {ckpt_path} is not a text model; extrapolate.py evaluates a GPT on a token stream")
+    model = GPT(GPTConfig(**checkpoint['model_args']))
+    model.load_state_dict(checkpoint['model'])
+    model.eval().to(device)
+    cfg, task = model.config, checkpoint['meta'].get('task')
+    if checkpoint['meta']['dataset'] == 'passkey':
+        for m in [int(s) for s in str(multiples).split(',')]:
+            L = m * cfg.block_size
+            if cfg.pos_emb == 'learned' and L > cfg.block_size:
+                print(f"{cfg.attention} {m}x T={L}: n/a (learned positions stop at block_size)")
+                continue
+            digit, whole = passkey_accuracy(model, task, L, ctx)
+            row = dict(checkpoint=out_dir, model=f"{cfg.attention} pos_emb={cfg.pos_emb}", multiple=m, T=L,
+                       digit_acc=digit, passkey_acc=whole)
+            print(json.dumps(row) if json_out else f"{row['model']:<24s} {m}x T={L:<6d} passkey accuracy {whole:.3f} "
+                                                   f"(digits {digit:.3f})")
+        raise SystemExit(0)
+    data_dir = data_dir or checkpoint['config']['data_dir']
+    data = np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
+    name = cfg.attention + ('-mix' if cfg.krause_mix else '') + f" pos_emb={cfg.pos_emb}"
+    for m in [int(s) for s in str(multiples).split(',')]:
+        L = m * cfg.block_size
+        row = dict(checkpoint=out_dir, model=name, multiple=m, T=L)
+        if cfg.pos_emb == 'learned' and L > cfg.block_size:
+            row['loss'] = row['beyond'] = None  # learned positions stop at block_size
+        elif L + 1 >= len(data):
+            raise SystemExit(f"error: {data_dir}/val.bin holds {len(data):,} tokens, too few for length {L}")
+        else:
+            row['loss'], row['beyond'] = evaluate(model, data, L, ctx)
+        if json_out:
+            print(json.dumps(row))
+        else:
+            fmt = lambda x: 'n/a (learned positions)' if x is None and row['loss'] is None else (
+                '-' if x is None else f"{x:.4f}")
+            print(f"{name:<24s} {m}x T={L:<6d} val loss {fmt(row['loss'])}  beyond block_size {fmt(row['beyond'])}")
