@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from augment import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, normalize
 from model import GPT, GPTConfig
-from prepare import check_files, dataset_kind
+from prepare import check_files, dataset_kind, read_meta, recorded_dataset
 from runtime import load_checkpoint
 from vit import ViT, ViTConfig
 
@@ -129,10 +129,17 @@ def load_model(path):
 
 def val_batch(config, kind, T, folder):
     """batch_size validation examples from `folder` (text: windows at random starts, seeded)."""
+    name = config['dataset']
     try:
-        meta, rows = check_files(config['dataset'], folder)
+        meta = read_meta(folder)
+        theirs = recorded_dataset(meta, name) if meta else name
+        if theirs != name:
+            raise Skip(f"{folder} holds {theirs!r} ({dataset_kind(theirs)}) data, but the checkpoint was trained on "
+                       f"{name!r} ({kind}); pass --data_dir=FOLDER of {name}, or leave --data_dir out to use "
+                       f"{config['data_dir'] or 'the one it was trained on'}")
+        check_files(name, folder)
     except ValueError as e:
-        raise Skip(f"{e} (the checkpoint was trained on {config['dataset']!r}; pass --data_dir=FOLDER of it)")
+        raise Skip(f"{e} (the checkpoint was trained on {name!r}; pass --data_dir=FOLDER of it)")
     generator = torch.Generator().manual_seed(seed)
     if kind == 'text':
         data = np.memmap(os.path.join(folder, 'val.bin'), dtype=np.uint16, mode='r')
