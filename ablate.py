@@ -110,7 +110,8 @@ def main():
         rows = list(runs.values())
         mean_of = lambda key: np.mean([r[key] for r in rows]) if all(r[key] is not None for r in rows) else None
         acc = spread([r['val_acc'] for r in rows]) if rows[0]['val_acc'] is not None else 'n/a'
-        sink = f"{mean_of('sink_share'):.4f}" if mean_of('sink_share') is not None else f"n/a ({rows[0]['sink_note']})"
+        sink = (f"{mean_of('sink_share'):.4f}" if mean_of('sink_share') is not None else
+                f"n/a ({rows[0]['sink_note'].removeprefix('n/a: ')})")
         sparse = f"{mean_of('sparsity'):.4f}" if mean_of('sparsity') is not None else 'n/a'
         lines.append(f"| {name} | `{RULES[name]}` | {rows[0]['params']:,} | {', '.join(map(str, runs))} | "
                      f"{spread([r['val_loss'] for r in rows])} | {acc} | {np.median([r['median_ms'] for r in rows]):.1f} ms"
