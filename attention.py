@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
@@ -217,7 +218,7 @@ class SoftmaxAttention(Attention):
 
     def decode(self, q, k, v, cache):  # (B, H, 1, D): the cache holds exactly the keys the new query sees, no mask
         cache.append(k, v)
-        return F.scaled_dot_product_attention(q, *cache.tensors())
+        return decode_sdpa(q, *cache.tensors())
 
 
 class KrauseAttention(Attention):
@@ -817,6 +818,16 @@ class KVCache:
 
     def nbytes(self):  # the held positions' bytes (a growing buffer may hold up to 2x this, allocated)
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+# SDPA's kernels for one query against a cache that grows by a key per token. Not cuDNN's: it builds a new graph
+# for every new key length (tens of ms per token on an H100; pytorch#155958), where flash reads any length.
+DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_sdpa(q, k, v):  # q (B, H, 1, D), k, v (B, H, n, D): every cached key is visible
+    with sdpa_kernel(DECODE_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v)
 
 
 class CacheGroup:

@@ -324,12 +324,13 @@ scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint['optimizer'])
-    train_generator.set_state(checkpoint['data_rng'])
+    # RNG states must be CPU ByteTensors; load_checkpoint mapped every tensor to `device`
+    train_generator.set_state(checkpoint['data_rng'].cpu())
     rng = checkpoint['rng']
     if len(rng) == ddp_world_size:  # each process continues its own dropout stream
-        torch.set_rng_state(rng[ddp_rank]['cpu'])
+        torch.set_rng_state(rng[ddp_rank]['cpu'].cpu())
         if device_type == 'cuda' and rng[ddp_rank]['cuda'] is not None:
-            torch.cuda.set_rng_state(rng[ddp_rank]['cuda'])
+            torch.cuda.set_rng_state(rng[ddp_rank]['cuda'].cpu())
 checkpoint = None  # free memory
 
 if compile and device_type == 'cuda':
