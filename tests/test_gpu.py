@@ -1,9 +1,12 @@
 """On CUDA only (skipped elsewhere): each rule's flex path against its math path, forward AND backward, which no
 CPU can check (flex has no CPU backward). Float32 without TF32 on both paths; gradients of the per-head tensors
 and of the rule's own learnable parameters (σ, β, λ, γ, seeds: captured scalars have had gradient bugs in flex,
-pytorch#145208). Run on a lent GPU: python -m pytest -q tests/test_gpu.py"""
+pytorch#145208). Also train.py's resume on CUDA, where the checkpoint's RNG states come back on the GPU.
+Run on a lent GPU: python -m pytest -q tests/test_gpu.py"""
 import pytest
 import torch
+
+from conftest import iter_losses, run_script
 
 from attention import AttentionConfig, KrauseAttention, KrauseMixAttention, build_attention, in_causal_window
 
@@ -99,3 +102,17 @@ def test_flex_equals_math_forward_and_backward(case):
     for name, (err_math, err_flex) in errors.items():
         assert err_flex < 1e-3, f"flex {name}: error {err_flex:.2e} (float32 math: {err_math:.2e})"
         assert err_math < 1e-3, f"math {name}: error {err_math:.2e} (flex: {err_flex:.2e})"
+
+
+def test_resume_on_cuda(tmp_path):
+    """A checkpoint loads onto the GPU (its RNG states too: set_rng_state wants CPU tensors) and training goes on
+    as it would have; dropout on, so the CUDA RNG stream is part of what must resume."""
+    common = ['--device=cuda', '--dtype=float32', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32',
+              '--batch_size=16', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2', '--dropout=0.1',
+              '--eval_interval=5', '--max_iters=12', '--lr_decay_iters=12', f'--data_dir={tmp_path / "data"}']
+    straight = iter_losses(run_script('train.py', *common, f'--out_dir={tmp_path / "a"}'))
+    run_script('train.py', *common, f'--out_dir={tmp_path / "b"}', '--max_iters=6')
+    resumed = iter_losses(run_script('train.py', *common, f'--out_dir={tmp_path / "b"}', '--init_from=resume'))
+    assert min(resumed) == 6 and max(resumed) == 12
+    for i, loss in resumed.items():  # GPU kernels may sum in another order from run to run: not bit-exact
+        assert loss == pytest.approx(straight[i], abs=1e-3), (i, loss, straight[i])
