@@ -61,7 +61,8 @@ def summary(out_dir):
     analyze.batch_size = analysis_batch
     x = analyze.val_batch(config, kind, args['block_size'], config['data_dir'])
     layers, _ = analyze.analyse(model, x)
-    per_sample = config['batch_size'] * config['gradient_accumulation_steps'] * (args['block_size'] if kind == 'text'
+    # tokens per iteration for every sequence task (text, recall, passkey), images for a ViT
+    per_sample = config['batch_size'] * config['gradient_accumulation_steps'] * (args['block_size'] if kind != 'image'
                                                                                  else 1)
     shares = [h for r in layers for h in r.get('heads', {}).get('first_token_share', []) if isinstance(h, float)]
     share_note = next((r['heads']['first_token_share'] for r in layers
