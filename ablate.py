@@ -40,7 +40,7 @@ RULES = {
     'attentionx': '--attention=attentionx --attnx_gamma=3',
     'tda': '--attention=tda --pos_emb=rope --tda_beta=0.5',
     'tda_beta1': '--attention=tda --pos_emb=rope',
-    'cluster': '--attention=cluster --cluster_block=16',
+    'cluster': '--attention=cluster --cluster_chunk=16',
 }
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

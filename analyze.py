@@ -1,6 +1,6 @@
 """
-What attention does in trained checkpoints: sinks, sparsity, entropy, rank collapse and clusters, per layer and head
-(SPEC §5), on one batch of validation data, for any rule, GPT or ViT.
+What attention does in trained checkpoints: sinks, sparsity, entropy, rank collapse and token groups, per layer and head
+(docs/rules.md says which weights each rule reports), on one batch of validation data, for any rule, GPT or ViT.
 
 $ python analyze.py --out_dir=out-shakespeare-char                       # a table, and out_dir/analysis.json
 $ python analyze.py --out_dir=out-a,out-b --plots=plots                  # several checkpoints; PNGs need matplotlib
@@ -15,7 +15,8 @@ mechanism, Attention.attention_weights: the rule's `attend` run on the identity 
 and from the residual stream X (T, C) after block l (per example, then averaged over the batch):
   residual      ||X - 1 x̄ᵀ||_F / ||X||_F, x̄ the token mean (Dong et al. 2021): 0 = every token the same
   eff. rank     exp(entropy of the normalised singular values of X itself, not centred): identical tokens give 1
-  clusters      connected components of the graph 1[cos(x_i, x_j) > τ] for τ = 0.9, 0.95, 0.99
+  groups        token groups: connected components of the graph 1[cos(x_i, x_j) > τ] for τ = 0.9, 0.95, 0.99
+                (groups of tokens that have come together, not cluster attention's clusters)
 A metric with no meaning for a rule (its weights are not a distribution; token 0 folded into cluster summaries) is
 n/a, with the reason. `untrained=True` adds a freshly initialised model of the same config beside each checkpoint.
 Install matplotlib (`pip install matplotlib`) for the plots; nothing else needs it.
@@ -41,6 +42,7 @@ untrained = False           # also analyse a fresh model of each checkpoint's co
 example = 0                 # the example whose attention maps are plotted
 json_out = ''               # default: analysis.json in the first out_dir
 plots = ''                  # a folder for PNG plots (needs matplotlib); '' for none
+device = 'cpu'              # where the models run ('cuda' for long contexts); the metrics are computed on the CPU
 seed = 1337
 if __name__ == '__main__':  # tests import the metrics without reading the command line
     exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
@@ -93,7 +95,7 @@ def effective_rank(x):
     return float(torch.exp(-(p * p.clamp_min(1e-300).log()).sum()))
 
 
-def clusters(x, threshold):
+def token_groups(x, threshold):
     """Connected components of the graph with an edge where cos(x_i, x_j) > threshold, X (T, C)."""
     u = F.normalize(x.double(), dim=-1)
     adjacent = (u @ u.T) > threshold
@@ -168,13 +170,13 @@ def analyse(model, x):
         h.remove()
     layers, maps = [], []
     for i, block in enumerate(blocks(model)):
-        attn, X = block.attn, outputs[i]
+        attn, X = block.attn, outputs[i].cpu()
         row = {'layer': i, 'rule': type(attn).__name__, 'T': X.size(1),
                'residual': float(np.mean([collapse_residual(t) for t in X])),
                'effective_rank': float(np.mean([effective_rank(t) for t in X])),
-               'clusters': {str(t): float(np.mean([clusters(e, t) for e in X])) for t in THRESHOLDS}}
+               'token_groups': {str(t): float(np.mean([token_groups(e, t) for e in X])) for t in THRESHOLDS}}
         try:
-            w = attn.attention_weights(*attn.project(inputs[i])).float()
+            w = attn.attention_weights(*attn.project(inputs[i])).float().cpu()
         except NotImplementedError as e:
             row['weights'] = f"n/a: {e}"
             layers.append(row)
@@ -217,12 +219,12 @@ def print_table(entry):
     for note in sorted(n for n in notes if n):
         print(f"  note: {note}")
     print(f"{'layer':>5} {'head':>4} {'1st-tok':>8} {'ratio':>7} {'sparsity':>8} {'entropy':>7} | {'residual':>8} "
-          f"{'effrank':>7} {'cl@.9':>6} {'cl@.95':>6} {'cl@.99':>6}")
+          f"{'effrank':>7} {'grp@.9':>7} {'grp@.95':>7} {'grp@.99':>7}")
     for r in entry['layers']:
         heads = r.get('heads', {})
         stats = [heads.get(k) for k in ('first_token_share', 'sink_ratio', 'sparsity', 'entropy')]
         collapse = (f"{r['residual']:8.4f} {r['effective_rank']:7.2f} "
-                    + ' '.join(f"{r['clusters'][str(t)]:6.2f}" for t in THRESHOLDS))
+                    + ' '.join(f"{r['token_groups'][str(t)]:7.2f}" for t in THRESHOLDS))
         print(f"{r['layer']:>5} {'mean':>4} " + ' '.join(f"{fmt(mean(v)):>{n}}" for v, n in zip(stats, (8, 7, 8, 7)))
               + f" | {collapse}")
         for h in range(len(heads.get('sparsity', []))):
@@ -289,7 +291,7 @@ def make_plots(entries, all_maps, folder):
     fig, axes = plt.subplots(1, 1 + len(THRESHOLDS), figsize=(4 * (1 + len(THRESHOLDS)), 3.6))
     per_layer(axes[0], lambda r: r['effective_rank'], 'effective rank of X vs layer', 'effective rank')
     for ax, t in zip(axes[1:], THRESHOLDS):
-        per_layer(ax, lambda r, t=t: r['clusters'][str(t)], f'clusters at cos > {t} vs layer', 'clusters')
+        per_layer(ax, lambda r, t=t: r['token_groups'][str(t)], f'token groups at cos > {t} vs layer', 'token groups')
     fig.tight_layout()
     written.append(os.path.join(folder, 'collapse.png'))
     fig.savefig(written[-1], dpi=80)
@@ -349,7 +351,7 @@ def main():
             fresh = (ViT(ViTConfig(**args)) if kind == 'image' else GPT(GPTConfig(**args))).eval()
             runs.append((f"{path} (untrained)", fresh, 0))
         for name, m, it in runs:
-            layers, maps = analyse(m, x)
+            layers, maps = analyse(m.to(device), x.to(device))
             slug = name.strip('/').replace('/', '_').replace(' ', '_').replace('(', '').replace(')', '')
             entries.append({'name': name, 'slug': slug, 'attention': args['attention'], 'iter': it, 'T': layers[0]['T'],
                             'examples': x.size(0), 'layers': layers,

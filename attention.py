@@ -1,128 +1,90 @@
 """
 Every attention rule in one file, side by side.
 
-Each rule is an nn.Module built as `build_attention(config, layer_idx)` and called as `y = attn(x)`, x of shape
-(B, T, C). Inside, the same three steps in the same words (the frame, `Attention`, below):
+A rule is an nn.Module, built as `build_attention(config, layer_idx)` and called as `y = attn(x)`, x (B, T, C).
+Inside, the same three steps in the same words (the frame, `Attention`):
 
     tensors = self.project(x)     # per-head tensors, (B, H, T, D) each: q, k, v unless the rule asks for others
-    y = self.attend(*tensors)     # the interaction rule: the only part that differs between rules
+    y = self.attend(*tensors)     # the rule: the only part that differs between rules
     return self.out(y)            # merge heads, output projection, dropout
 
-`attend` is the math path (plain PyTorch, any device). `attend_flex` computes the same function with
-torch.nn.attention.flex_attention and is used when `config.flex` is set and x is on CUDA.
-
-Reading order: the config, the frame, then one rule after another (softmax first: the one to copy), the table
-of rules, and last the machinery the rules share (heads, RoPE, masks, BlockMasks, the banded layout).
+Reading order: the frame, then the rules, softmax first (its `attend` is the formula as tensor ops), each with
+its own config keys and the helpers only it uses; last the table `ATTENTION` and `AttentionConfig`, every key.
+Each rule's exact formula, paper and official settings: docs/rules.md. What the rules are built from (heads,
+RoPE, masks and BlockMasks, the banded layout, KV caches) is in attention_tools.py.
 """
 import math
-import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
-from torch.utils.checkpoint import checkpoint
+from torch.nn.attention.flex_attention import AuxRequest
 
+from attention_tools import (CacheGroup, KVCache, Rotary, band_keys, band_layout, band_mask, band_queries,
+                             band_strip, block_mask, causal_mask, decode_sdpa, dense_mask, grid_mask,
+                             grid_neighbourhood, merge_heads, off_diagonal_mask, query_chunks, recompute_in_backward,
+                             run_flex, sliding_window_mask, split_heads, unband)
+
+
+# -----------------------------------------------------------------------------
+# the frame
 
 @dataclass
-class AttentionConfig:
-    """What an attention layer needs to know. GPTConfig and ViTConfig extend it; every field is a config key."""
+class FrameConfig:
+    """What every attention layer needs to know, whatever its rule. Each rule adds its own keys (below)."""
     n_embd: int = 768
     n_head: int = 12
+    n_layer: int = 12            # depth (the ViT's Krause top-k grows over it)
     block_size: int = 1024       # longest sequence (GPT context; ViT: 1 + number of patches)
     dropout: float = 0.0
     bias: bool = True            # bias in Linears and LayerNorms
-    attention: str = 'softmax'   # a key of ATTENTION
+    attention: str = 'softmax'   # a key of attention.ATTENTION
     flex: bool = False           # use the flex_attention path on CUDA
     causal: bool = True          # GPT: True; ViT: False
     grid_size: int = 0           # ViT: side of the patch grid (tokens = 1 CLS + grid_size²); 0 for sequences
     pos_emb: str = 'learned'     # 'learned' (added to the input), 'rope' (rotates q and k in every layer) or 'none'
     rope_base: float = 10000.0
-    window: int = 0              # softmax: sliding window of W keys (i-W < j <= i); 0 = full context
-    n_layer: int = 12            # depth (the ViT's Krause top-k grows over it)
-    krause_window: int = 32      # Krause 1-D: W keys per query (i-W < j <= i)
-    krause_topk: int = 16        # Krause: keys kept per row (ViT: first layer's k, growing to 2k)
-    krause_sigma: float = 2.5    # Krause: initial RBF bandwidth σ (learned per head as log_sigma)
-    krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
-    krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
-    krause_mix: bool = False     # Krause GPT: the paper's LM form, a softmax branch and a Krause branch, gated
-    attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
-    attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
-    attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
-    tda_beta: float = 1.0        # TDA: initial threshold scale β > 0 (learned per layer, as log β)
-    tda_lambda: float = 0.5      # TDA: initial inhibition λ in (0, 1) of the second view (learned, as its logit)
-    tda_kappa: float = 1.0       # TDA: κ > 0, fixed; the threshold's position offset (κ = 1: τ_0 = 0)
-    tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
-    tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
-    tda_chunk: int = 2**18       # TDA math path: weights per head a query chunk may hold (tda_chunk // T queries)
-    tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
-    cluster_m: int = 16          # cluster: seeds (clusters) per head
-    cluster_block: int = 64      # cluster GPT: tokens per block; exact within it, cluster summaries of earlier blocks
-    cluster_iters: int = 0       # cluster ViT: soft k-means refinements of the seeds on each sequence (0 = none)
-    cluster_self: bool = False   # cluster ViT: each query also attends exactly to its own key
-    cluster_sharpness: float = 10.0  # cluster: initial sharpness s of the assignment (learned per head, log_sharpness)
-    cluster_seed_lr: float = 10.0    # cluster: the seeds' learning rate, as a multiple of learning_rate
 
-
-# -----------------------------------------------------------------------------
-# the frame
 
 class Attention(nn.Module):
     """
     The frame every rule shares: forward(x) = out(attend(*project(x))).
 
       project(x)   c_attn maps x to one n_embd-wide tensor per name in `projections`, each split into heads
-                   (B, H, T, D); RoPE rotates those whose name starts with q or k. Default: ('q', 'k', 'v').
-      attend(...)  the rule, math path: takes exactly what project returns, gives (B, H, T, D).
-      attend_flex  the same function with flex_attention (optional; used when config.flex and x is on CUDA).
-      out(y)       merge heads, c_proj, residual dropout.
+                   (B, H, T, D); RoPE rotates those whose name starts with q or k
+      attend(...)  the rule, math path: plain PyTorch, any device; takes what project returns, gives (B, H, T, D)
+      out(y)       merge heads, c_proj, residual dropout
 
-    What the rest of the code assumes of a rule (its contracts):
-      - `c_proj` is the output projection: GPT's init_weights gives every Linear named c_proj GPT-2's residual
-        init N(0, 0.02/√(2·n_layer)); every other Linear and Embedding gets N(0, 0.02), biases 0.
-      - `init_extra()` runs after the model's own init, on every Attention: give a rule's Linears another init
-        there (a plain nn.Parameter keeps the value set in __init__; the model's init touches only Linears and
-        Embeddings).
-      - AdamW decays every parameter with two or more dimensions; name a rule's parameters in `no_decay` (a tuple
-        of attribute names) to exempt them (seeds, per-head tables).
-      - `lr_scale` ({attribute name: factor}) gives a parameter its own learning rate, factor × the schedule's:
-        configure_adamw puts it in a param group with `lr_scale`, and train.py sets each group's lr to lr × that.
-      - `stats` (None, or {name: tensor}) is what a rule reports about itself, set in eval mode (cluster usage);
-        train.py prints it per layer at every evaluation.
-      - A bad setting raises ValueError in __init__, naming the key; train.py checks it before any work starts.
-      - `attention_weights(*tensors)` (analysis, analyze.py) gives the (B, H, T, T) weights W with y = W v, found
-        for any rule linear in v by running `attend` on the identity basis; a rule that is not y = W v overrides
-        it. `weights_note` says why W is not a distribution (None: rows >= 0 summing to 1), `first_token_note` why
-        the share of token 0 means nothing for the rule (None: it does).
-      - A rule's cache (generation, GPT.generate): `new_cache()` gives the state one layer keeps between tokens
-        (a KVCache, or the rule's own object with `pos` and `nbytes()`); `fill(cache, *tensors)` stores a prompt's
-        projected tensors after `attend` has computed the prompt as in training; `decode(*tensors, cache=cache)`
-        takes one new token's tensors (B, H, 1, D), adds it to the cache and returns its output (B, H, 1, D),
-        equal to what `attend` gives the last position of the whole sequence. The frame rotates q and k at the
-        absolute position `cache.pos`. tests/test_generate.py checks every rule in ATTENTION against the forward.
+    A rule writes `attend`; everything else below has a default here. What a rule has beyond the causal math
+    path, it declares; tests run every rule on what it declares and skip the rest, saying why.
     """
-    projections = ('q', 'k', 'v')  # what project returns, in order; None: the rule brings its own projections
-    no_decay = ()                  # names of this module's parameters that AdamW must not decay
-    lr_scale = {}                  # {name of a parameter: its learning rate / the schedule's}; never mutated
-    stats = None                   # {name: tensor} a rule reports in eval mode; train.py logs it
-    weights_note = None            # analysis: why attention_weights is not a distribution; None if it is
-    first_token_note = None        # analysis: why token 0's share of the weights has no meaning; None if it has
+    # what the rule has, declared
+    has_bidirectional_form = False  # a causal=False form (the ViT); without it, building one is a ValueError
+    has_cache = False               # new_cache / fill / decode: GPT.generate(use_cache=True)
+    has_flex = False                # attend_flex: the same function through flex_attention (flex=True on CUDA)
+    # what the rest of the code reads, on Attention instances only
+    projections = ('q', 'k', 'v')   # what project returns, in order; None: the rule brings its own projections
+    no_decay = ()                   # names of parameters AdamW must not decay (model.configure_adamw)
+    lr_scale = {}                   # {parameter name: its learning rate / the schedule's}; never mutated
+    weights_note = None             # analyze.py: why attention_weights is not a distribution; None if it is
+    first_token_note = None         # analyze.py: why token 0's share of the weights means nothing; None if it does
 
     def __init__(self, config, layer_idx):
         super().__init__()
         if config.n_head < 1 or config.n_embd % config.n_head:
             raise ValueError(f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head}; pass e.g. "
                              f"--n_embd={max(1, config.n_head) * max(1, config.n_embd // max(1, config.n_head))}")
+        if not config.causal and not self.has_bidirectional_form:
+            raise ValueError(f"attention='{config.attention}' ({type(self).__name__}) has no bidirectional form "
+                             f"(causal=False, a ViT); use it in a GPT")
         self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
         self.causal, self.flex, self.dropout = config.causal, config.flex, config.dropout
         if self.projections is None:
             return
         self.c_attn = nn.Linear(config.n_embd, len(self.projections) * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # GPT: the residual init
         self.resid_dropout = nn.Dropout(config.dropout)
         self.rope = Rotary(self.head_dim, config.block_size, config.rope_base) if config.pos_emb == 'rope' else None
 
@@ -149,20 +111,33 @@ class Attention(nn.Module):
     def attend(self, q, k, v):
         raise NotImplementedError
 
-    def new_cache(self):
-        raise NotImplementedError(f"{type(self).__name__} has no cache; generate with use_cache=False")
-
-    def attend_flex(self, q, k, v):
+    def attend_flex(self, *tensors):  # has_flex: the same function as attend, through flex_attention
         raise NotImplementedError(f"{type(self).__name__} has no flex path; set flex=False")
 
-    def init_extra(self):
+    def init_extra(self):  # runs after the model's init (N(0, 0.02) Linears): a rule's own init goes here
         pass
+
+    def report(self, *tensors):
+        """What the rule says about itself, {name: tensor}, from what project returns; None if nothing. train.py
+        asks every layer for it at each evaluation (model.attention_reports) and prints it (cluster usage)."""
+        return None
+
+    # generation (has_cache): the state one layer keeps between tokens, next to the rule's attend
+    def new_cache(self):  # a KVCache, or the rule's own object with `pos` and `nbytes()`
+        raise NotImplementedError(f"{type(self).__name__} has no cache; generate with use_cache=False")
+
+    def fill(self, cache, *tensors):  # store a prompt's tensors; attend has already computed the prompt
+        raise NotImplementedError(f"{type(self).__name__} has no cache; generate with use_cache=False")
+
+    def decode(self, *tensors, cache):  # one new token's tensors (B, H, 1, D): add it to cache, return its output
+        raise NotImplementedError(f"{type(self).__name__} has no cache; generate with use_cache=False")
 
     @torch.no_grad()
     def attention_weights(self, *tensors):
         """For analysis (short T, eval mode): the (B, H, T, T) effective weights W of y = attend(...) = W v, from
         what project returns, for every rule linear in v (its last tensor): attend is run with v = the identity
-        basis, D columns of it at a time (rules may rely on v being D wide), so column j of the output is W[:, j]."""
+        basis, D columns of it at a time (rules may rely on v being D wide), so column j of the output is W[:, j].
+        A rule that is not y = W v overrides it."""
         if self.projections is None or [name[0] for name in self.projections].count('v') != 1:
             raise NotImplementedError(f"{type(self).__name__} is not y = W v with one v; it has no single weight matrix")
         *rest, v = tensors
@@ -175,16 +150,21 @@ class Attention(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# the rules
+# softmax
 
 class SoftmaxAttention(Attention):
     """
-    y = softmax(q kᵀ / √D + mask) v        (Vaswani et al. 2017, eq. 1)
+    y = softmax(q kᵀ / √D + mask) v
+    ("Attention Is All You Need", Vaswani et al. 2017, arXiv 1706.03762, eq. 1; docs/rules.md#softmax)
 
-    Causal for GPT, full for ViT. With `window` W, key j is visible to query i iff i - W < j <= i
-    (sliding-window attention, the "window" baseline of the Krause paper), computed on the band.
-    The math path is F.scaled_dot_product_attention (flash kernels on GPU).
+    The mask hides what a query may not see: the future in a GPT (causal), nothing in a ViT, and with `window` W
+    every key but the last W, i - W < j <= i (sliding-window attention, the Krause paper's "window" baseline).
+    `attend` is the formula as tensor ops. With `fused` (the default) it hands the same function to
+    F.scaled_dot_product_attention, one fused kernel (flash on a GPU), and a window shorter than T to the band:
+    O(T·W) time and memory, no T×T tensor (attention_tools.py).
     """
+    has_bidirectional_form, has_cache, has_flex = True, True, True
+    fused = True  # SDPA and the band; False: the tensor ops below (the reference: a T×T score matrix)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -193,8 +173,19 @@ class SoftmaxAttention(Attention):
         if config.window and not config.causal:
             raise ValueError("window (a causal sliding window) needs causal=True; use window=0 for a ViT")
         self.window = config.window
+        self.mask_mod = sliding_window_mask(self.window) if self.window else causal_mask if self.causal else None
 
     def attend(self, q, k, v):
+        if self.fused:
+            return self.attend_fused(q, k, v)
+        T = q.size(2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))                          # (B, H, T, T)
+        if self.mask_mod is not None:  # a hidden key scores -inf: its weight exp(-inf) is 0
+            scores = scores.masked_fill(~dense_mask(self.mask_mod, T, q.device), float('-inf'))
+        weights = F.dropout(scores.softmax(-1), self.dropout, self.training)               # each row sums to 1
+        return weights @ v                                                                  # (B, H, T, D)
+
+    def attend_fused(self, q, k, v):
         T = q.size(2)
         dropout_p = self.dropout if self.training else 0.0
         if not self.window or self.window >= T:  # the window covers everything: plain causal/full attention
@@ -207,8 +198,7 @@ class SoftmaxAttention(Attention):
 
     def attend_flex(self, q, k, v):
         # flex has no attention-weight dropout; the residual dropout in `out` still applies
-        mask_mod = sliding_window_mask(self.window) if self.window else causal_mask if self.causal else None
-        return run_flex(q, k, v, block_mask=block_mask(mask_mod, q.size(2), q.device))
+        return run_flex(q, k, v, block_mask=block_mask(self.mask_mod, q.size(2), q.device))
 
     def new_cache(self):  # every key and value (grows with the context), or a ring of the last `window` (constant)
         return KVCache(self.window or None)
@@ -221,10 +211,19 @@ class SoftmaxAttention(Attention):
         return decode_sdpa(q, *cache.tensors())
 
 
+@dataclass
+class SoftmaxConfig:
+    window: int = 0              # softmax: sliding window of W keys (i-W < j <= i); 0 = full context
+
+
+# -----------------------------------------------------------------------------
+# Krause
+
 class KrauseAttention(Attention):
     """
     score_ij = -||q_i - k_j||² / (2 σ_h²)  for j in N_i, then only the top k of each row survive
-    y_i = Σ_j softmax_j(score_i) v_j       (Krause attention, seed 000 eq. 3; SPEC §1)
+    y_i = Σ_j softmax_j(score_i) v_j
+    ("Krause Synchronization Transformers", arXiv 2602.11534, eq. 3; docs/rules.md#krause)
 
     Bounded confidence: a token listens only to its neighbours N_i, and among them only to the k closest.
     σ_h is learned per head (log_sigma). N_i is a causal window i - W < j <= i for the GPT, and for the ViT the
@@ -234,6 +233,7 @@ class KrauseAttention(Attention):
     (O(T·W) time and memory); the official code builds the dense T×T matrix, kept here as `attend_dense`.
     With krause_mix=True build_attention makes the paper's LM form instead (KrauseMixAttention, below).
     """
+    has_bidirectional_form, has_cache, has_flex = True, True, True
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -246,7 +246,7 @@ class KrauseAttention(Attention):
                 raise ValueError(f"krause_window must be >= 1, got {W}")
             if not 1 <= k <= W:
                 raise ValueError(f"krause_topk must be in [1, krause_window={W}], got {k}")
-            self.window, self.topk, self.grid = W, k, None
+            self.krause_window, self.topk, self.grid = W, k, None
             return
         grid_size = config.grid_size
         if grid_size < 1 or config.block_size != 1 + grid_size * grid_size:
@@ -267,46 +267,43 @@ class KrauseAttention(Attention):
         return q * inv_var, -0.5 * (k * k).sum(-1) * inv_var[..., 0]
 
     def topk_softmax(self, scores, mask, reachable=None):
-        """Attention weights and per-row thresholds (..., 1) from fresh RBF scores and the neighbourhood mask:
-        the top k of each row (chosen among `reachable(scores)`, a view of the slots a row can reach, if given),
-        softmax, dropout. Out-of-place fills: as fast and as small here as in-place ones under no_grad, which
-        torch.compile's inductor fails on (KeyError 'buf1', torch 2.13). The threshold itself carries no gradient:
+        """Attention weights and each row's top-k boundary (..., 1) from fresh RBF scores and the neighbourhood
+        mask: the top k of each row (chosen among `reachable(scores)`, a view of the slots a row can reach, if
+        given), softmax, dropout. Out-of-place fills: as fast and as small here as in-place ones under no_grad,
+        which torch.compile's inductor fails on (KeyError 'buf1', torch 2.13). The boundary carries no gradient:
         it sits halfway between a row's k-th and (k+1)-th score (topk_boundary), so flex, which rounds the scores
         its own way, keeps the same keys."""
         scores = scores.masked_fill(~mask, float('-inf'))
-        threshold = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
-        scores = scores.masked_fill(scores < threshold, float('-inf'))
-        return F.dropout(scores.softmax(-1), self.dropout, self.training), threshold
+        boundary = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
+        scores = scores.masked_fill(scores < boundary, float('-inf'))
+        return F.dropout(scores.softmax(-1), self.dropout, self.training), boundary
 
     def band_weights(self, q, k):
-        """1-D: weights on the band (B, H, n, chunk, chunk+lookback) and thresholds (B, H, T); no T×T tensor."""
+        """1-D: weights on the band (B, H, n, chunk, chunk+lookback) and top-k boundaries (B, H, T); no T×T tensor."""
         T = q.size(2)
-        W, chunk, lookback = band_layout(self.window, T)
+        W, chunk, lookback = band_layout(self.krause_window, T)
         q_scaled, key_bias = self.rbf_terms(q, k)
         scores = band_queries(q_scaled, chunk) @ band_keys(k, chunk, lookback).transpose(-1, -2)
         scores = scores + band_keys(key_bias.unsqueeze(-1), chunk, lookback).transpose(-1, -2)  # each slot's bias
-        weights, threshold = self.topk_softmax(scores, band_mask(T, chunk, lookback, W, q.device),
-                                               lambda s: band_strip(s, W))
-        return weights, unband(threshold, T)[..., 0]
+        weights, boundary = self.topk_softmax(scores, band_mask(T, chunk, lookback, W, q.device),
+                                              lambda s: band_strip(s, W))
+        return weights, unband(boundary, T)[..., 0]
 
     def dense_weights(self, q, k):
-        """Every (i, j) pair: (B, H, T, T) weights and (B, H, T) thresholds. The ViT's path (65 tokens)."""
+        """Every (i, j) pair: (B, H, T, T) weights and (B, H, T) top-k boundaries. The ViT's path (65 tokens)."""
         T = q.size(2)
         q_scaled, key_bias = self.rbf_terms(q, k)
         scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)  # (B, H, T, T)
-        if self.grid:
-            mask = self.neighbourhood[:T, :T]
-        else:
-            position = torch.arange(T, device=q.device)
-            mask = in_causal_window(position.view(-1, 1), position, self.window)
-        weights, threshold = self.topk_softmax(scores, mask)
-        return weights, threshold[..., 0]
+        mask = self.neighbourhood[:T, :T] if self.grid else dense_mask(sliding_window_mask(self.krause_window), T,
+                                                                         q.device)
+        weights, boundary = self.topk_softmax(scores, mask)
+        return weights, boundary[..., 0]
 
     def attend(self, q, k, v):
         if self.grid:
             return self.dense_weights(q, k)[0] @ v
         T = q.size(2)
-        W, chunk, lookback = band_layout(self.window, T)
+        W, chunk, lookback = band_layout(self.krause_window, T)
         weights, _ = self.band_weights(q, k)
         return unband(weights @ band_keys(v, chunk, lookback), T)  # (B, H, T, D)
 
@@ -316,24 +313,24 @@ class KrauseAttention(Attention):
 
     def attend_flex(self, q, k, v):
         # flex computes exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask; the top k enter as a per-row
-        # threshold found by a pre-pass on the band (no gradient), halfway between the k-th and (k+1)-th score, so
+        # boundary found by a pre-pass on the band (no gradient), halfway between the k-th and (k+1)-th score, so
         # flex's own rounding of a score does not move it across. No dropout on the weights, as for softmax.
         T = q.size(2)
         with torch.no_grad():
-            threshold = (self.dense_weights if self.grid else self.band_weights)(q, k)[1]  # (B, H, T)
+            boundary = (self.dense_weights if self.grid else self.band_weights)(q, k)[1]  # (B, H, T)
         q_scaled, key_bias = self.rbf_terms(q, k)
 
         def krause_score(score, b, h, q_idx, kv_idx):
             score = score + key_bias[b, h, kv_idx]
-            return torch.where(score >= threshold[b, h, q_idx], score, float('-inf'))
+            return torch.where(score >= boundary[b, h, q_idx], score, float('-inf'))
 
-        mask_mod = grid_mask(*self.grid, q.device) if self.grid else sliding_window_mask(self.window)
+        mask_mod = grid_mask(*self.grid, q.device) if self.grid else sliding_window_mask(self.krause_window)
         return run_flex(q_scaled, k, v, score_mod=krause_score, block_mask=block_mask(mask_mod, T, q.device), scale=1.0)
 
     def new_cache(self):  # a ring of the last krause_window keys and values: constant memory for ever
         if self.grid:
             raise ValueError("the 2-D (ViT) Krause form does not generate; a cache is for the causal GPT form")
-        return KVCache(self.window)
+        return KVCache(self.krause_window)
 
     def fill(self, cache, q, k, v):
         cache.append(k, v)
@@ -352,21 +349,42 @@ def krause_topk_schedule(topk, n_layer):
     return [round(x) for x in torch.linspace(topk, 2 * topk, n_layer, dtype=torch.float64).tolist()]
 
 
+def kth_largest(x, k):
+    """(..., n) -> (..., 1): the k-th largest value along the last dim, without gradient (-inf sorts first, so a
+    row with fewer than k finite values gives -inf). On CPU NumPy's SIMD selection is ~5x faster than kthvalue."""
+    k = min(k, x.size(-1))
+    with torch.no_grad():
+        if x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64):
+            n = x.size(-1)
+            return torch.from_numpy(np.partition(x.detach().numpy(), n - k, axis=-1)[..., n - k:n - k + 1])
+        return x.kthvalue(x.size(-1) - k + 1, dim=-1, keepdim=True).values
+
+
+def topk_boundary(x, k):
+    """(..., n) -> (..., 1), no gradient: halfway between the k-th and the (k+1)-th largest value along the last
+    dim, so the top k are exactly the values at or above it (a tie at the k-th keeps all of it). A row with k or
+    fewer finite values gives -inf: keep them all."""
+    if k >= x.size(-1):
+        return x.new_full((*x.shape[:-1], 1), float('-inf'))
+    return (kth_largest(x, k) + kth_largest(x, k + 1)) / 2
+
+
 class KrauseMixAttention(Attention):
     """
     y = g_0 · y_softmax + g_1 · y_krause,   g = softmax(Linear(2C → 2)([y_softmax, y_krause]))   per token
 
-    The Krause paper's language-model form (SPEC §1): a causal softmax branch and a Krause branch, each with its
-    own q/k/v/out projections, mixed by a learned gate that starts at 0.8 for the softmax branch. In the frame:
-    project gives both branches' q, k, v; attend gives both per-head outputs side by side, (B, H, T, 2D); out
-    projects each through its branch and gates them.
+    The Krause paper's language-model form (docs/rules.md#krause): a causal softmax branch and a Krause branch,
+    each with its own q/k/v/out projections, mixed by a learned gate that starts at 0.8 for the softmax branch.
+    In the frame: project gives both branches' q, k, v; attend gives both per-head outputs side by side,
+    (B, H, T, 2D); out projects each through its branch and gates them.
     """
+    has_cache, has_flex = True, True
     projections = None  # each branch brings its own
 
     def __init__(self, config, layer_idx):
-        super().__init__(config, layer_idx)
         if not config.causal:
             raise ValueError("krause_mix is the language-model form (causal=True); use krause_mix=False in a ViT")
+        super().__init__(config, layer_idx)
         self.softmax = SoftmaxAttention(config, layer_idx)
         self.krause = KrauseAttention(config, layer_idx)
         self.gate = nn.Linear(2 * config.n_embd, 2)
@@ -403,10 +421,24 @@ class KrauseMixAttention(Attention):
         return g[..., :1] * y_softmax + g[..., 1:] * y_krause
 
 
+@dataclass
+class KrauseConfig:
+    krause_window: int = 32      # Krause 1-D: W keys per query (i-W < j <= i)
+    krause_topk: int = 16        # Krause: keys kept per row (ViT: first layer's k, growing to 2k)
+    krause_sigma: float = 2.5    # Krause: initial RBF bandwidth σ (learned per head as log_sigma)
+    krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
+    krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
+    krause_mix: bool = False     # Krause GPT: the paper's LM form, a softmax branch and a Krause branch, gated
+
+
+# -----------------------------------------------------------------------------
+# AttentionX
+
 class AttentionX(SoftmaxAttention):
     """
     y = v - γ · softmax(q kᵀ / √D + mask) v      per head, then heads merged and c_proj as usual
-                                                  (AttentionX, seed 004 eq. 12-13, arXiv 2409.04275; SPEC §3)
+    ("AttentionX: Exploiting Consensus Discrepancy In Attention from A Distributed Optimization Perspective",
+    arXiv 2409.04275, eq. 12-13; docs/rules.md#attentionx)
 
     The "consensus discrepancy" between a token's own value and what it gathers from the others. With A the
     attention matrix, y = (I - γA)V: at γ = 1 it is (I - A)V, a high-pass filter on the attention graph (I - A is
@@ -415,7 +447,7 @@ class AttentionX(SoftmaxAttention):
     with the diagonal masked (`attnx_mask_diagonal`: a token attends only to the others). γ = 0 is y = v (no
     mixing); a negative γ adds the smoothed AV to v, a low-pass filter. γ is fixed, or learned per head
     (`attnx_learnable_gamma`). The attention is SoftmaxAttention's (SDPA, is_causal=True on a GPT: flash on GPU;
-    the sliding `window` too); the masked diagonal is a boolean SDPA mask (no flash), `off_diagonal_mask` on flex.
+    the sliding `window` too); the masked diagonal is `off_diagonal_mask`, a boolean SDPA mask (no flash).
     """
 
     def __init__(self, config, layer_idx):
@@ -432,7 +464,9 @@ class AttentionX(SoftmaxAttention):
         else:
             self.register_buffer('gamma', gamma, persistent=False)
         if self.mask_diagonal:
-            self.register_buffer('off_diagonal', ~torch.eye(config.block_size, dtype=torch.bool), persistent=False)
+            self.mask_mod = off_diagonal_mask
+            self.register_buffer('off_diagonal', dense_mask(off_diagonal_mask, config.block_size, None),
+                                 persistent=False)  # (block_size, block_size), for SDPA
 
     def discrepancy(self, v, y):
         # v - γ_h·y in one op (no γ·y temporary: one (B, H, T, D) tensor less at the peak); γ in the activations'
@@ -440,29 +474,40 @@ class AttentionX(SoftmaxAttention):
         return torch.addcmul(v, self.gamma.to(v.dtype).view(1, -1, 1, 1), y, value=-1.0)
 
     def attend(self, q, k, v):
+        return self.discrepancy(v, super().attend(q, k, v))  # softmax's attend: causal, full, windowed, off-diagonal
+
+    def attend_fused(self, q, k, v):
         if not self.mask_diagonal:
-            return self.discrepancy(v, super().attend(q, k, v))  # causal, full or windowed softmax, (B, H, T, D)
+            return super().attend_fused(q, k, v)
         T = q.size(2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.off_diagonal[:T, :T],
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.discrepancy(v, y)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.off_diagonal[:T, :T],
+                                              dropout_p=self.dropout if self.training else 0.0)
+
+    def attend_flex(self, q, k, v):
+        return self.discrepancy(v, super().attend_flex(q, k, v))
+
+    def decode(self, q, k, v, cache):  # softmax's cache (all keys, or the window's ring); the diagonal is kept
+        return self.discrepancy(v, super().decode(q, k, v, cache))
 
     def attention_weights(self, *tensors):
-        """A, the softmax weights, from the frame's effective weights I - γA of y = v - γ·A v (SPEC §5: report A)."""
+        """A, the softmax weights, from the frame's effective weights I - γA of y = v - γ·A v (analyze.py reports A,
+        the paper's attention matrix)."""
         if not self.gamma.all():
             raise NotImplementedError("a head has γ = 0: y = v, A does not reach the output")
         effective = super().attention_weights(*tensors)
         eye = torch.eye(effective.size(-1), dtype=effective.dtype, device=effective.device)
         return (eye - effective) / self.gamma.to(effective.dtype).view(1, -1, 1, 1)
 
-    def attend_flex(self, q, k, v):
-        if not self.mask_diagonal:
-            return self.discrepancy(v, super().attend_flex(q, k, v))
-        return self.discrepancy(v, run_flex(q, k, v, block_mask=block_mask(off_diagonal_mask, q.size(2), q.device)))
 
-    def decode(self, q, k, v, cache):  # softmax's cache (all keys, or the window's ring); the diagonal is kept
-        return self.discrepancy(v, super().decode(q, k, v, cache))
+@dataclass
+class AttentionXConfig:
+    attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
+    attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
+    attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
 
+
+# -----------------------------------------------------------------------------
+# TDA
 
 class ThresholdDifferentialAttention(Attention):
     """
@@ -470,7 +515,8 @@ class ThresholdDifferentialAttention(Attention):
     τ_i  = β·sqrt(2·ln((i+1)/κ)/D)                0-based position i (ViT: one τ for all, (i+1) → N keys)
     a_ij = relu(s_ij - τ_i)^p for j <= i, else 0   the causal mask after the threshold
     o_i  = RMSNorm(Σ_j (a¹_ij - λ a²_ij) v_j)      per head, learnable weight
-    (Threshold Differential Attention, seed 003 / arXiv 2601.12145; SPEC §2)
+    ("Threshold Differential Attention: Sink-free, Ultra-sparse, and Non-dispersive Long-context Attention",
+    arXiv 2601.12145; docs/rules.md#tda)
 
     The threshold grows like the largest spurious similarity among i+1 random keys, so only real matches survive:
     weights are exactly 0 elsewhere and nothing forces a row to sum to 1 (no sink). β = exp(log_beta) and
@@ -482,12 +528,13 @@ class ThresholdDifferentialAttention(Attention):
     at RMS 0.01 for δ = 0.01 and 0.71 for δ = 0.1, growing continuously from the empty row's 0 instead of
     jumping to unit size; rows with RMS(y) >= 0.03 are normalised to within 5% of unit RMS.
 
-    Math path: queries in chunks of tda_chunk // T against the keys they can see, each chunk's weights recomputed
-    in backward (recompute_in_backward), so forward and backward hold at most tda_chunk weights per head at a
-    time whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex path: exp(score_mod) = relu(s - τ)^p,
+    Math path: queries in chunks of tda_chunk_weights // T against the keys they can see, each chunk's weights
+    recomputed in backward (recompute_in_backward), so forward and backward hold at most tda_chunk_weights weights
+    per head at a time whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex path: exp(score_mod) = relu(s - τ)^p,
     and flex's softmax-normalised output times exp(lse) is Σ_j a_ij v_j.
     No attention-weight dropout on either path (flex has none); the residual dropout in `out` applies.
     """
+    has_bidirectional_form, has_cache, has_flex = True, True, True
     projections = ('q1', 'k1', 'q2', 'k2', 'v')
     weights_note = "a1 - lam*a2: signed, rows not summing to 1, and the per-head RMSNorm after W v rescales each row"
     log_floor = 1e-12  # flex: log's argument is kept >= this, so s = τ exactly never gives 0·∞ = NaN in backward
@@ -498,12 +545,12 @@ class ThresholdDifferentialAttention(Attention):
         super().__init__(config, layer_idx)
         for key, ok, need in [('tda_beta', config.tda_beta > 0, '> 0'), ('tda_kappa', config.tda_kappa > 0, '> 0'),
                               ('tda_lambda', 0 < config.tda_lambda < 1, 'in (0, 1)'),
-                              ('tda_p', config.tda_p >= 1, '>= 1'), ('tda_chunk', config.tda_chunk >= 1, '>= 1'),
+                              ('tda_p', config.tda_p >= 1, '>= 1'), ('tda_chunk_weights', config.tda_chunk_weights >= 1, '>= 1'),
                               ('tda_eps', config.tda_eps > 0, '> 0')]:
             if not ok:
                 raise ValueError(f"{key} must be {need}, got {getattr(config, key)}")
-        self.differential, self.kappa, self.p, self.chunk = (config.tda_differential, config.tda_kappa,
-                                                             config.tda_p, config.tda_chunk)
+        self.differential, self.kappa, self.p, self.chunk_weights = (config.tda_differential, config.tda_kappa,
+                                                                     config.tda_p, config.tda_chunk_weights)
         self.log_beta = nn.Parameter(torch.tensor(math.log(config.tda_beta)))
         if self.differential:
             self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
@@ -511,7 +558,7 @@ class ThresholdDifferentialAttention(Attention):
 
     def threshold(self, T, device, start=0):
         """τ per query, (T,): τ_i on the 0-based position i = start..start+T-1; without causality one τ for all,
-        from the T keys. Generation passes start = the absolute position of the new token (SPEC §2)."""
+        from the T keys. Generation passes start = the absolute position of the new token."""
         n = torch.arange(start + 1, start + T + 1, device=device) if self.causal else torch.full((T,), T, device=device)
         spurious = 2 * torch.log(n.to(self.log_beta.dtype) / self.kappa).clamp_min(0) / self.head_dim
         return self.log_beta.exp() * spurious.sqrt()
@@ -536,7 +583,7 @@ class ThresholdDifferentialAttention(Attention):
         qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
         tau = self.threshold(T, v.device)
         chunk_output = lambda start, end, n_keys: self.weights(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
-        rows = max(1, self.chunk // T)  # queries per chunk
+        rows = max(1, self.chunk_weights // T)  # queries per chunk
         y = torch.cat([recompute_in_backward(chunk_output, *c) for c in query_chunks(T, rows, self.causal)], 2)
         return self.head_norm(y)  # (B, H, T, D)
 
@@ -585,11 +632,28 @@ class ThresholdDifferentialAttention(Attention):
         *qk, v = tensors
         T = v.size(2)
         return self.weights([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
+
+
+@dataclass
+class TDAConfig:
+    tda_beta: float = 1.0        # TDA: initial threshold scale β > 0 (learned per layer, as log β)
+    tda_lambda: float = 0.5      # TDA: initial inhibition λ in (0, 1) of the second view (learned, as its logit)
+    tda_kappa: float = 1.0       # TDA: κ > 0, fixed; the threshold's position offset (κ = 1: τ_0 = 0)
+    tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
+    tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
+    tda_chunk_weights: int = 2**18  # TDA math path: weights per head one query chunk may hold (that // T queries)
+    tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
+
+
+# -----------------------------------------------------------------------------
+# cluster
+
 class ClusterAttention(Attention):
     """
     S_jc = softmax_c(s · cos(k_j, seed_c))                    soft assignment of key j to the head's m seeds
     N_c = Σ_j S_jc,  K̄_c = Σ_j S_jc k_j / N_c,  V̄_c = Σ_j S_jc v_j / N_c     cluster mass, mean key, mean value
-    y_i = Σ_c softmax_c(q_i·K̄_c/√D + log N_c) V̄_c             (cluster attention, SPEC §4; seed 002's question 4)
+    y_i = Σ_c softmax_c(q_i·K̄_c/√D + log N_c) V̄_c
+    (this project's cluster attention, an answer to the "cluster-attention" note's question 4; docs/rules.md#cluster)
 
     Attention to m cluster summaries in place of T keys: O(T·m·D), and differentiable through the soft assignment.
     The log-mass bias makes it exact when a cluster's keys coincide: N_c·exp(q·K̄_c/√D) = Σ_{j∈c} exp(q·k_j/√D).
@@ -597,39 +661,40 @@ class ClusterAttention(Attention):
       - ViT (causal=False): over the whole sequence, after `cluster_iters` soft spherical k-means refinements of
         the seeds on the current keys (seed_c ← Σ_j S_jc k_j/‖k_j‖); `cluster_self` adds the query's own key as
         one more exact entry of the softmax (its mass is then counted twice, once in its clusters).
-      - GPT (causal=True), blockwise: blocks of L = `cluster_block` tokens; a query attends exactly (causally) to
-        its own block and to the summaries of all strictly earlier blocks (exclusive cumulative sums of N, ΣSk,
+      - GPT (causal=True), chunkwise: chunks of L = `cluster_chunk` tokens; a query attends exactly (causally) to
+        its own chunk and to the summaries of all strictly earlier chunks (exclusive cumulative sums of N, ΣSk,
         ΣSv), one joint softmax over [local keys ; clusters]. S_jc depends on token j alone and nothing is
         normalised along the sequence, so the past never depends on the future. O(T·(L + m)·D) time, memory
-        linear in T; with L >= T it is exactly causal softmax. The sequence is zero-padded to whole blocks.
+        linear in T; with L >= T it is exactly causal softmax. The sequence is zero-padded to whole chunks.
     Seeds: unit-norm (orthogonal where m <= D) at init. cos(k, seed) ignores a seed's norm, so the norm only sets
     its step size: weight decay would shrink it and speed the seed up without bound, so seeds are not decayed
     (`no_decay`), and their learning rate is `cluster_seed_lr` × the schedule's (`lr_scale`): Adam moves every
     entry by about lr per step, and a unit seed's entries (~1/√D) are several times the Linears' (~0.02).
-    No flex path: the math path is already dense per-block matmuls, (L + m) keys per query, no T×T tensor.
-    `stats` (eval mode): per head, the perplexity of the mean assignment (how many clusters are in use, 1..m) and
-    the mean entropy of a key's assignment (0 = hard, log m = uniform).
+    No flex path: the math path is already dense per-chunk matmuls, (L + m) keys per query, no T×T tensor.
+    `report`: per head, the perplexity of the mean assignment (how many clusters are in use, 1..m) and the mean
+    entropy of a key's assignment (0 = hard, log m = uniform).
     """
+    has_bidirectional_form, has_cache = True, True
     no_decay = ('seeds',)
-    first_token_note = "token 0 is folded into cluster summaries beyond its own block (GPT) or always (ViT)"
+    first_token_note = "token 0 is folded into cluster summaries beyond its own chunk (GPT) or always (ViT)"
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
-        m, L, iters = config.cluster_m, config.cluster_block, config.cluster_iters
+        m, L, iters = config.cluster_m, config.cluster_chunk, config.cluster_iters
         if m < 1:
             raise ValueError(f"cluster_m must be >= 1, got {m}")
         if L < 1:
-            raise ValueError(f"cluster_block must be >= 1, got {L}")
+            raise ValueError(f"cluster_chunk must be >= 1, got {L}")
         if iters < 0:
             raise ValueError(f"cluster_iters must be >= 0, got {iters}")
         if config.causal and (iters or config.cluster_self):
             raise ValueError("cluster_iters and cluster_self are the bidirectional (ViT) form: refining the seeds on "
                              "the sequence would let the past depend on the future, and the causal form already "
-                             "attends exactly to its own block; use cluster_iters=0, cluster_self=False")
+                             "attends exactly to its own chunk; use cluster_iters=0, cluster_self=False")
         if config.cluster_sharpness <= 0 or config.cluster_seed_lr <= 0:
             raise ValueError(f"cluster_sharpness and cluster_seed_lr must be > 0, got {config.cluster_sharpness}, "
                              f"{config.cluster_seed_lr}")
-        self.block, self.iters, self.self_term = L, iters, config.cluster_self
+        self.chunk, self.iters, self.self_term = L, iters, config.cluster_self
         seeds = torch.stack([nn.init.orthogonal_(torch.empty(m, self.head_dim)) for _ in range(self.n_head)])
         self.seeds = nn.Parameter(F.normalize(seeds, dim=-1))  # (H, m, D), unit rows, orthogonal per head if m <= D
         self.log_sharpness = nn.Parameter(torch.full((self.n_head,), math.log(config.cluster_sharpness)))
@@ -638,19 +703,25 @@ class ClusterAttention(Attention):
     def assign(self, k, seeds):
         """S: (B, H, T, m), each key's soft assignment to the seeds (H, m, D) or (B, H, m, D)."""
         seeds = F.normalize(seeds, dim=-1) * self.log_sharpness.exp().view(-1, 1, 1)  # s folded into the seeds
-        S = (F.normalize(k, dim=-1) @ seeds.transpose(-1, -2)).softmax(-1)
-        if not self.training and not torch.compiler.is_compiling():
-            self.stats = cluster_usage(S)
+        return (F.normalize(k, dim=-1) @ seeds.transpose(-1, -2)).softmax(-1)
+
+    def assignments(self, k):
+        """S of the keys (B, H, T, m) as attend uses it: the ViT form first refines the seeds on this sequence (soft
+        spherical k-means: each seed moves to the mean direction of its keys), cluster_iters times."""
+        S = self.assign(k, self.seeds)
+        for _ in range(self.iters):
+            S = self.assign(k, S.transpose(-1, -2) @ F.normalize(k, dim=-1))  # seeds (B, H, m, D)
         return S
+
+    def report(self, q, k, v):
+        return cluster_usage(self.assignments(k))
 
     def attend(self, q, k, v):
         kv1 = torch.cat([k, v, torch.ones_like(k[..., :1])], -1)  # (B, H, T, 2D+1): S-weighted sums give ΣSk, ΣSv, N
-        return (self.attend_blocks if self.causal else self.attend_all)(q / math.sqrt(q.size(-1)), k, v, kv1)
+        return (self.attend_chunks if self.causal else self.attend_all)(q / math.sqrt(q.size(-1)), k, v, kv1)
 
     def attend_all(self, q, k, v, kv1):  # bidirectional; q is already scaled by 1/√D
-        S = self.assign(k, self.seeds)
-        for _ in range(self.iters):  # soft spherical k-means on this sequence: seeds move to their keys' direction
-            S = self.assign(k, S.transpose(-1, -2) @ F.normalize(k, dim=-1))  # seeds (B, H, m, D)
+        S = self.assignments(k)
         mean_k, mean_v, log_mass = cluster_means(S.transpose(-1, -2) @ kv1, q.size(-1))  # (B, H, m, D), (B, H, m)
         scores = q @ mean_k.transpose(-1, -2) + log_mass.unsqueeze(-2)                    # (B, H, T, m)
         if not self.self_term:
@@ -659,35 +730,35 @@ class ClusterAttention(Attention):
         weights = F.dropout(scores.softmax(-1), self.dropout, self.training)
         return weights[..., :-1] @ mean_v + weights[..., -1:] * v
 
-    def attend_blocks(self, q, k, v, kv1):  # causal, blockwise; q is already scaled by 1/√D
-        (B, H, T, D), L = q.shape, min(self.block, q.size(2))
-        qb, kvb, Sb = (band_queries(t, L) for t in (q, kv1, self.assign(k, self.seeds)))  # (B, H, n, L, ·)
-        # what each block sees of the past: Σ S·[k, v, 1] over all strictly earlier blocks (block 0: nothing, N = 0)
-        running = torch.promote_types(q.dtype, torch.float32)  # sums over many blocks: bf16 would drift
-        sums = exclusive_cumsum((Sb.transpose(-1, -2) @ kvb).to(running), 2)              # (B, H, n, m, 2D+1)
+    def attend_chunks(self, q, k, v, kv1):  # causal, chunkwise; q is already scaled by 1/√D
+        (B, H, T, D), L = q.shape, min(self.chunk, q.size(2))
+        qc, kvc, Sc = (band_queries(t, L) for t in (q, kv1, self.assignments(k)))  # (B, H, n, L, ·)
+        # what each chunk sees of the past: Σ S·[k, v, 1] over all strictly earlier chunks (chunk 0: nothing, N = 0)
+        running = torch.promote_types(q.dtype, torch.float32)  # sums over many chunks: bf16 would drift
+        sums = exclusive_cumsum((Sc.transpose(-1, -2) @ kvc).to(running), 2)              # (B, H, n, m, 2D+1)
         mean_k, mean_v, log_mass = (t.to(q.dtype) for t in cluster_means(sums, D))
-        keys = torch.cat([kvb[..., :D], mean_k], -2)                                       # (B, H, n, L+m, D)
-        values = torch.cat([kvb[..., D:2 * D], mean_v], -2)
+        keys = torch.cat([kvc[..., :D], mean_k], -2)                                       # (B, H, n, L+m, D)
+        values = torch.cat([kvc[..., D:2 * D], mean_v], -2)
         within = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~band_mask(T, L, 0, L, q.device),
                                                                              float('-inf'))  # (n, L, L): causal
         bias = torch.cat([within.expand(B, H, -1, -1, -1), log_mass.unsqueeze(-2).expand(-1, -1, -1, L, -1)], -1)
-        weights = F.dropout((qb @ keys.transpose(-1, -2) + bias).softmax(-1), self.dropout, self.training)
+        weights = F.dropout((qc @ keys.transpose(-1, -2) + bias).softmax(-1), self.dropout, self.training)
         return unband(weights @ values, T)  # (B, H, T, D)
 
-    def new_cache(self):  # Σ S·[k, v, 1] of the finished blocks + the current block: O(m + block) for ever
+    def new_cache(self):  # Σ S·[k, v, 1] of the finished chunks + the current chunk: O(m + chunk) for ever
         if not self.causal:
             raise ValueError("the bidirectional (ViT) cluster form does not generate; a cache is for the GPT form")
         return ClusterCache()
 
     def fill(self, cache, q, k, v):
-        (B, H, T, D), L = k.shape, self.block
+        (B, H, T, D), L = k.shape, self.chunk
         kv1 = torch.cat([k, v, torch.ones_like(k[..., :1])], -1)                 # (B, H, T, 2D+1)
         n, running = T // L, torch.promote_types(k.dtype, torch.float32)
-        Sb = self.assign(k[:, :, :n * L], self.seeds).view(B, H, n, L, self.seeds.size(1))  # (B, H, n, L, m); n may be 0
-        cache.sums = (Sb.transpose(-1, -2) @ kv1[:, :, :n * L].view(B, H, n, L, 2 * D + 1)).to(running).sum(2)
+        Sc = self.assign(k[:, :, :n * L], self.seeds).view(B, H, n, L, self.seeds.size(1))  # (B, H, n, L, m); n may be 0
+        cache.sums = (Sc.transpose(-1, -2) @ kv1[:, :, :n * L].view(B, H, n, L, 2 * D + 1)).to(running).sum(2)
         cache.current, cache.pos = kv1[:, :, n * L:], T                         # (B, H, T - n·L, 2D+1)
 
-    def decode(self, q, k, v, cache):  # (B, H, 1, D): its own block exactly, the finished blocks as summaries
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): its own chunk exactly, the finished chunks as summaries
         D = q.size(-1)
         cache.current = torch.cat([cache.current, torch.cat([k, v, torch.ones_like(k[..., :1])], -1)], 2)
         mean_k, mean_v, log_mass = (t.to(q.dtype) for t in cluster_means(cache.sums, D))  # (B, H, m, ·)
@@ -696,7 +767,7 @@ class ClusterAttention(Attention):
         bias = torch.cat([log_mass.new_zeros(log_mass.shape[:2] + (cache.current.size(2),)), log_mass], -1)
         y = ((q / math.sqrt(D)) @ keys.transpose(-1, -2) + bias.unsqueeze(-2)).softmax(-1) @ values
         cache.pos += 1
-        if cache.current.size(2) == self.block:  # the block is finished: fold it into the summaries
+        if cache.current.size(2) == self.chunk:  # the chunk is finished: fold it into the summaries
             S = self.assign(cache.current[..., :D], self.seeds)                            # (B, H, L, m)
             cache.sums = cache.sums + (S.transpose(-1, -2) @ cache.current).to(cache.sums.dtype)
             cache.current = cache.current[:, :, :0]
@@ -704,8 +775,8 @@ class ClusterAttention(Attention):
 
 
 class ClusterCache:
-    """Causal cluster attention between tokens: `sums`, Σ S·[k, v, 1] over the finished blocks (B, H, m, 2D+1), in
-    float32 or wider; `current`, the current block's [k, v, 1] (B, H, < block, 2D+1). O(m + block), any length."""
+    """Causal cluster attention between tokens: `sums`, Σ S·[k, v, 1] over the finished chunks (B, H, m, 2D+1), in
+    float32 or wider; `current`, the current chunk's [k, v, 1] (B, H, < chunk, 2D+1). O(m + chunk), any length."""
 
     def __init__(self):
         self.pos, self.sums, self.current = 0, None, None
@@ -713,317 +784,6 @@ class ClusterCache:
     def nbytes(self):
         return sum(t.numel() * t.element_size() for t in (self.sums, self.current) if t is not None)
 
-
-# -----------------------------------------------------------------------------
-# the table of rules: `attention=<name>` in a config picks the class
-
-ATTENTION = {
-    'softmax': SoftmaxAttention,
-    'krause': KrauseAttention,
-    'attentionx': AttentionX,
-    'tda': ThresholdDifferentialAttention,
-    'cluster': ClusterAttention,
-}
-
-
-def build_attention(config, layer_idx):
-    check_attention_name(config.attention)
-    rule = ATTENTION[config.attention]
-    if rule is KrauseAttention and config.krause_mix:  # the paper's LM form: a softmax and a Krause branch, gated
-        rule = KrauseMixAttention
-    return rule(config, layer_idx)
-
-
-def check_attention_name(name):
-    if name not in ATTENTION:
-        raise ValueError(f"unknown attention '{name}'; valid: {', '.join(sorted(ATTENTION))}")
-
-
-# =============================================================================
-# The machinery the rules share. Nothing below is a rule; each piece is written once and used by every rule
-# that needs it.
-
-# -----------------------------------------------------------------------------
-# heads and RoPE
-
-def split_heads(x, n_head):
-    B, T, C = x.size()
-    return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, H, T, D)
-
-
-def merge_heads(y):
-    B, H, T, D = y.size()
-    return y.transpose(1, 2).contiguous().view(B, T, H * D)  # (B, T, C)
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding (Su et al. 2021), rotate-half form, positions offset..offset+T-1. The tables hold
-    max_len positions and grow (doubling) when a sequence or generation goes past them: no bound on the position."""
-
-    def __init__(self, head_dim, max_len, base=10000.0):
-        super().__init__()
-        self.head_dim, self.base = head_dim, base
-        cos, sin = self.tables(max_len, torch.float32, None)
-        self.register_buffer('cos', cos, persistent=False)  # (max_len, D)
-        self.register_buffer('sin', sin, persistent=False)
-
-    def tables(self, n, dtype, device):  # always computed in float32, so growing never changes a stored position
-        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim)
-        angles = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)  # (n, D/2)
-        return angles.cos().repeat(1, 2).to(dtype), angles.sin().repeat(1, 2).to(dtype)
-
-    def forward(self, x, offset=0):  # (B, H, T, D), offset: the absolute position of x's first token
-        T, half = x.size(2), x.size(3) // 2
-        if offset + T > self.cos.size(0):  # past the tables (longer than block_size): make them longer
-            self.cos, self.sin = self.tables(max(2 * self.cos.size(0), offset + T), self.cos.dtype, self.cos.device)
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * self.cos[offset:offset + T] + rotated * self.sin[offset:offset + T]).type_as(x)
-
-
-# -----------------------------------------------------------------------------
-# generation: the bookkeeping every rule's cache shares (positions, ring indexing). A rule's own cache object and
-# its decode method sit next to its attend; GPT.generate holds one cache per layer (model.GenerationCache).
-
-class KVCache:
-    """One layer's cached tensors (B, H, n, D_i), e.g. k and v, and `pos`, the positions seen so far. capacity None:
-    all of them, in buffers that double when full (amortised O(1) per token). capacity W: a ring of the last W,
-    position p in slot p % W, which is exactly the window i - W < j <= i of the newest query i."""
-
-    def __init__(self, capacity=None):
-        self.capacity, self.pos, self.buffers = capacity, 0, None
-
-    def append(self, *tensors):  # (B, H, T, D_i) each: T new positions
-        T = tensors[0].size(2)
-        size = self.capacity or max(2 * self.pos, self.pos + T, 64)
-        if self.buffers is None or (self.capacity is None and self.pos + T > self.buffers[0].size(2)):
-            old, self.buffers = self.buffers, [t.new_zeros(*t.shape[:2], size, t.size(3)) for t in tensors]
-            for b, o in zip(self.buffers, old or []):
-                b[:, :, :self.pos] = o[:, :, :self.pos]
-        if self.capacity is None:
-            for b, t in zip(self.buffers, tensors):
-                b[:, :, self.pos:self.pos + T] = t
-        elif T == 1:  # one token: its slot in the ring, no index tensor
-            for b, t in zip(self.buffers, tensors):
-                b[:, :, self.pos % self.capacity] = t[:, :, 0]
-        else:  # only the last W can ever be seen again
-            m = min(T, self.capacity)
-            slots = torch.arange(self.pos + T - m, self.pos + T, device=tensors[0].device) % self.capacity
-            for b, t in zip(self.buffers, tensors):
-                b[:, :, slots] = t[:, :, T - m:]
-        self.pos += T
-
-    def tensors(self):  # the held positions, (B, H, min(pos, capacity), D_i) each; a ring's in slot order
-        n = self.pos if self.capacity is None else min(self.pos, self.capacity)
-        return [b[:, :, :n] for b in self.buffers]
-
-    def nbytes(self):  # the held positions' bytes (a growing buffer may hold up to 2x this, allocated)
-        return sum(t.numel() * t.element_size() for t in self.tensors())
-
-
-# SDPA's kernels for one query against a cache that grows by a key per token. Not cuDNN's: it builds a new graph
-# for every new key length (tens of ms per token on an H100; pytorch#155958), where flash reads any length.
-DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def decode_sdpa(q, k, v):  # q (B, H, 1, D), k, v (B, H, n, D): every cached key is visible
-    with sdpa_kernel(DECODE_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v)
-
-
-class CacheGroup:
-    """Several caches that advance together (a rule with two branches): `pos` is the first one's."""
-
-    def __init__(self, *caches):
-        self.caches = caches
-
-    @property
-    def pos(self):
-        return self.caches[0].pos
-
-    def nbytes(self):
-        return sum(c.nbytes() for c in self.caches)
-
-
-# -----------------------------------------------------------------------------
-# masks: which key j a query i may see. Small named mask_mods in the attention-gym style (compose them with
-# flex_attention's and_masks / or_masks), each made once (module-level, or by a cached factory) so that one
-# mask is one object and block_mask's cache can key on it.
-
-def in_causal_window(query, key, window):
-    """The sliding window, i - W < j <= i, on position tensors: the one definition, for flex, the band and Krause."""
-    return (key <= query) & (query - key < window)
-
-
-def causal_mask(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
-def off_diagonal_mask(b, h, q_idx, kv_idx):  # every key but the query's own token (AttentionX's ViT form)
-    return q_idx != kv_idx
-
-
-@lru_cache(maxsize=None)
-def sliding_window_mask(window):
-    def sliding_window(b, h, q_idx, kv_idx):
-        return in_causal_window(q_idx, kv_idx, window)
-    return sliding_window
-
-
-def grid_neighbourhood(grid_size, radius, metric):
-    """(N, N) bool, N = 1 + grid_size²: token 0 (CLS) sees and is seen by all; patch i sees patch j iff their
-    distance on the grid (row-major patches) is at most `radius`, |Δr| + |Δc| or max(|Δr|, |Δc|)."""
-    rows, cols = torch.arange(grid_size).repeat_interleave(grid_size), torch.arange(grid_size).repeat(grid_size)
-    dr, dc = (rows[:, None] - rows[None, :]).abs(), (cols[:, None] - cols[None, :]).abs()
-    distance = dr + dc if metric == 'manhattan' else torch.maximum(dr, dc)
-    return F.pad(distance <= radius, (1, 0, 1, 0), value=True)
-
-
-@lru_cache(maxsize=None)
-def grid_mask(grid_size, radius, metric, device):
-    neighbourhood = grid_neighbourhood(grid_size, radius, metric).to(device)  # (N, N) bool
-
-    def grid_neighbours(b, h, q_idx, kv_idx):
-        return neighbourhood[q_idx, kv_idx]
-    return grid_neighbours
-
-
-@lru_cache(maxsize=64)
-def block_mask(mask_mod, T, device):
-    """The flex BlockMask of `mask_mod` for T queries and T keys, built once per (mask_mod, T, device) and shared
-    by every layer (a BlockMask built for one length is wrong for another). None: every key visible, no mask."""
-    if mask_mod is None:
-        return None
-    return create_block_mask(mask_mod, None, None, T, T, device=device)
-
-
-def run_flex(q, k, v, **kwargs):
-    """flex_attention, compiled on CUDA (eager flex is a slow reference there); eager on CPU, forward only."""
-    fn = compiled_flex_attention() if q.is_cuda else flex_attention
-    return fn(q, k, v, **kwargs)
-
-
-# eager flex on CPU is our forward-only check against the math path; its "not compiled" warning is expected there
-warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
-
-
-@lru_cache(maxsize=1)
-def compiled_flex_attention():
-    return torch.compile(flex_attention, dynamic=False)
-
-
-# -----------------------------------------------------------------------------
-# The banded layout, for windowed rules on the math path: queries in chunks of `chunk`, each chunk against the
-# chunk + lookback keys that can reach it (positions c·chunk - lookback .. c·chunk + chunk - 1; lookback >= W, a
-# whole number of chunks). A sliding window of W keys then costs O(T·(chunk + lookback)) time and memory, and
-# no T×T tensor ever exists.
-
-def cdiv(a, b):
-    return -(-a // b)
-
-
-def band_layout(window, T):
-    """(W, chunk, lookback): the window that matters for a sequence of T (never more than T); the query chunk (up
-    to 64 queries keeps the matmuls efficient and the band narrow); the look-back >= W, a multiple of the chunk."""
-    W = min(window, T)
-    chunk = min(W, 64)
-    return W, chunk, cdiv(W, chunk) * chunk
-
-
-def band_queries(x, chunk):  # (B, H, T, D) -> (B, H, n, chunk, D), zero-padded to n·chunk positions
-    B, H, T, D = x.shape
-    n = cdiv(T, chunk)
-    return F.pad(x, (0, 0, 0, n * chunk - T)).view(B, H, n, chunk, D)
-
-
-def band_keys(x, chunk, lookback):  # (B, H, T, D) -> (B, H, n, chunk + lookback, D)
-    B, H, T, D = x.shape
-    n = cdiv(T, chunk)
-    # lookback zero keys in front, so chunk 0 looks back too
-    chunks = F.pad(x, (0, 0, lookback, n * chunk - T)).view(B, H, n + lookback // chunk, chunk, D)
-    return ShiftedChunks.apply(chunks, lookback // chunk + 1)
-
-
-class ShiftedChunks(torch.autograd.Function):
-    """(B, H, n+m-1, chunk, D) -> (B, H, n, m·chunk, D): chunk c followed by the next m-1, for every c (a cat of
-    m shifted views). Autograd would give each shifted view its own full-size gradient; backward sums them."""
-
-    @staticmethod
-    def forward(ctx, chunks, m):
-        ctx.m, ctx.shape = m, chunks.shape
-        n = chunks.size(2) - m + 1
-        return torch.cat([chunks[:, :, j:j + n] for j in range(m)], dim=3)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_chunks, n = grad.new_zeros(ctx.shape), grad.size(2)
-        for j, grad_shift in enumerate(grad.chunk(ctx.m, dim=3)):
-            grad_chunks[:, :, j:j + n] += grad_shift
-        return grad_chunks, None
-
-
-@lru_cache(maxsize=64)
-def band_mask(T, chunk, lookback, window, device):
-    """(n, chunk, chunk+lookback) bool: in chunk c, key slot s (position c·chunk - lookback + s) is visible to
-    query r (position c·chunk + r)."""
-    n = cdiv(T, chunk)
-    query = torch.arange(n * chunk, device=device).view(n, chunk, 1)
-    key = (torch.arange(n, device=device) * chunk - lookback).view(n, 1, 1) + torch.arange(chunk + lookback,
-                                                                                           device=device)
-    return (key >= 0) & in_causal_window(query, key, window)
-
-
-def band_strip(x, W):
-    """The W slots that row r of a (..., chunk, chunk+lookback) band can reach (keys r-W+1..r: slots
-    lookback-W+1+r ..), as a (..., chunk, W) view."""
-    *lead, chunk, width = x.shape
-    assert x.is_contiguous()
-    return x.as_strided((*lead, chunk, W), (*x.stride()[:-2], width + 1, 1), x.storage_offset() + width - chunk - W + 1)
-
-
-def kth_largest(x, k):
-    """(..., n) -> (..., 1): the k-th largest value along the last dim, without gradient (-inf sorts first, so a
-    row with fewer than k finite values gives -inf). On CPU NumPy's SIMD selection is ~5x faster than kthvalue."""
-    k = min(k, x.size(-1))
-    with torch.no_grad():
-        if x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64):
-            n = x.size(-1)
-            return torch.from_numpy(np.partition(x.detach().numpy(), n - k, axis=-1)[..., n - k:n - k + 1])
-        return x.kthvalue(x.size(-1) - k + 1, dim=-1, keepdim=True).values
-
-
-def topk_boundary(x, k):
-    """(..., n) -> (..., 1), no gradient: halfway between the k-th and the (k+1)-th largest value along the last
-    dim, so the top k are exactly the values at or above it (a tie at the k-th keeps all of it). A row with k or
-    fewer finite values gives -inf: keep them all."""
-    if k >= x.size(-1):
-        return x.new_full((*x.shape[:-1], 1), float('-inf'))
-    return (kth_largest(x, k) + kth_largest(x, k + 1)) / 2
-
-
-def unband(y, T):  # (B, H, n, chunk, D) -> (B, H, T, D)
-    B, H, n, chunk, D = y.shape
-    return y.reshape(B, H, n * chunk, D)[:, :, :T]
-
-
-# -----------------------------------------------------------------------------
-# Query chunks, for full-context rules whose weights are no softmax (no fused kernel) on the math path: queries in
-# chunks against the keys they can see, each chunk recomputed in backward, so memory stays linear in T.
-
-def query_chunks(T, chunk, causal):
-    """(start, end, n_keys) per chunk of queries start..end-1, which see keys 0..n_keys-1 (causal: up to end)."""
-    return [(start, min(start + chunk, T), min(start + chunk, T) if causal else T) for start in range(0, T, chunk)]
-
-
-def recompute_in_backward(fn, *args):
-    """fn(*args) keeping none of its intermediates for backward, where they are recomputed (activation
-    checkpointing): a loop over chunks then holds one chunk's intermediates at a time, not all of them."""
-    if not torch.is_grad_enabled():
-        return fn(*args)
-    return checkpoint(fn, *args, use_reentrant=False)
-
-
-# -----------------------------------------------------------------------------
-# cluster summaries: attention to m (mass, mean key, mean value) triples in place of the keys they summarise
 
 def cluster_means(sums, D):
     """Σ S·[k, v, 1] (..., m, 2D+1) -> mean keys, mean values (..., m, D) and log masses (..., m); an empty cluster
@@ -1047,3 +807,51 @@ def cluster_usage(S):
     mean = S.mean((0, 2))  # (H, m)
     return {'perplexity': torch.exp(-torch.special.xlogy(mean, mean).sum(-1)),
             'entropy': -torch.special.xlogy(S, S).sum(-1).mean((0, 2))}
+
+
+@dataclass
+class ClusterConfig:
+    cluster_m: int = 16          # cluster: seeds (clusters) per head
+    cluster_chunk: int = 64      # cluster GPT: tokens per chunk; exact within it, cluster summaries of earlier chunks
+    cluster_iters: int = 0       # cluster ViT: soft k-means refinements of the seeds on each sequence (0 = none)
+    cluster_self: bool = False   # cluster ViT: each query also attends exactly to its own key
+    cluster_sharpness: float = 10.0  # cluster: initial sharpness s of the assignment (learned per head, log_sharpness)
+    cluster_seed_lr: float = 10.0    # cluster: the seeds' learning rate, as a multiple of learning_rate
+
+
+# -----------------------------------------------------------------------------
+# the table of rules: `attention=<name>` in a config picks the class
+
+ATTENTION = {
+    'softmax': SoftmaxAttention,
+    'krause': KrauseAttention,
+    'attentionx': AttentionX,
+    'tda': ThresholdDifferentialAttention,
+    'cluster': ClusterAttention,
+}
+
+
+@dataclass
+class AttentionConfig(ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, SoftmaxConfig, FrameConfig):
+    """Every key an attention layer reads: the frame's, then each rule's (dataclass fields come base class last
+    first, so FrameConfig's lead). GPTConfig and ViTConfig extend it; every field is a config key of train.py."""
+
+
+# keys renamed so that one name means one thing; an old name stops with one line naming the new one
+RENAMED_KEYS = {'cluster_block': 'cluster_chunk', 'tda_chunk': 'tda_chunk_weights'}
+
+
+def build_attention(config, layer_idx):
+    return rule_class(config.attention, config.krause_mix)(config, layer_idx)
+
+
+def rule_class(attention, krause_mix=False):
+    """The class `attention=<name>` builds: ATTENTION's, or for krause_mix the paper's LM form (two branches, gated)."""
+    check_attention_name(attention)
+    rule = ATTENTION[attention]
+    return KrauseMixAttention if rule is KrauseAttention and krause_mix else rule
+
+
+def check_attention_name(name):
+    if name not in ATTENTION:
+        raise ValueError(f"unknown attention '{name}'; valid: {', '.join(sorted(ATTENTION))}")

@@ -1,13 +1,13 @@
 """
 Attention speed and memory. For each sequence length: forward+backward time and peak memory of one
-attention rule (`attend`, the part that differs between variants, on q/k/v of shape (batch, n_head, T, D)),
+attention rule (`attend`, the part that differs between rules, on q/k/v of shape (batch, n_head, T, D)),
 beside causal softmax SDPA measured in the same run (`vs_softmax` = ms / softmax ms).
 
 $ python bench.py --attention=softmax --window=256 --seq_lens=2048,8192
 $ python bench.py --attention=krause --krause_window=256 --krause_topk=192 --seq_lens=8192 --dense=True --json=True
 
 Every attention config key (attention.AttentionConfig) is a flag. --flex=True times the flex_attention path
-(forward only on CPU, where flex has no backward); --dense=True also times a variant's dense O(T²) form
+(forward only on CPU, where flex has no backward); --dense=True also times a rule's dense O(T²) form
 (`attend_dense`) where it has one. --mode=model times a whole GPT train step (tokens/s) instead.
 Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's resident set (Linux only).
 
@@ -37,7 +37,7 @@ n_embd = 512                # 8 heads x 64 dims
 n_layer = 12                # model and generate modes
 vocab_size = 50304          # generate mode (model mode: always 50304)
 decode_tokens = 16          # generate mode: new tokens per timed run
-dense = False               # also time the variant's dense reference form, where it has one
+dense = False               # also time the rule's dense reference form, where it has one
 backward = True             # forward+backward; flex on CPU is always forward only
 repeats = 5
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -206,11 +206,16 @@ def bench_generate():
     rules = [dict(attention='softmax', window=0, krause_mix=False)]
     if attention != 'softmax' or window:
         rules.append({})
-    for T in [int(s) for s in str(seq_lens).split(',')]:
+    lengths = [int(s) for s in str(seq_lens).split(',')]
+    # every position a run reaches: the longest context, then decode_tokens per timed run (warm-up included), so that
+    # learned position embeddings (which stop at block_size) cover them
+    longest = max(lengths) + (1 + repeats) * decode_tokens
+    for T in lengths:
         rows = []
         for overrides in rules:
             torch.manual_seed(seed)
-            cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=vocab_size, dropout=0.0, **overrides))
+            cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=vocab_size, dropout=0.0,
+                                               block_size=max(block_size, longest), **overrides))
             model = GPT(cfg).to(device, ptdtype).eval()
             cache, token = filled_cache(model, T), torch.zeros(batch, 1, dtype=torch.long, device=device)
 

@@ -4,10 +4,10 @@ trained softmax GPT with the same q, k, v and output weights, its seeds found by
 own keys (per layer and head, on training batches), and report per layer ||y_cluster - y_softmax|| / ||y_softmax||
 (each layer fed the softmax model's own input to that layer) and the validation loss with every layer swapped.
 
-$ python cluster_swap.py --out_dir=out-shakespeare-char --cluster_block=8 --cluster_ms=4,16,64
+$ python cluster_swap.py --out_dir=out-shakespeare-char --cluster_chunk=8 --cluster_ms=4,16,64
 
 The validation batches are train.py's (eval_iters batches, rows from seed + 1), so the softmax row repeats the
-checkpoint's last `val loss`. With cluster_block >= the context there is no earlier block and nothing changes.
+checkpoint's last `val loss`. With cluster_chunk >= the context there is no earlier chunk and nothing changes.
 """
 import os
 
@@ -21,7 +21,7 @@ from runtime import load_checkpoint
 # -----------------------------------------------------------------------------
 out_dir = 'out-shakespeare-char'   # a softmax GPT trained by train.py on a text dataset
 data_dir = ''                      # default: the one it was trained on
-cluster_block = 8
+cluster_chunk = 8
 cluster_ms = '4,16,64'
 cluster_sharpness = 20.0           # s of the soft assignment, every head
 kmeans_batches = 20                # training batches whose keys the seeds are fitted to
@@ -92,12 +92,12 @@ def main():
     val = list(batches('val', eval_iters, seed + 1))
     val_loss = lambda model: sum(model(x, y)[1].item() for x, y in val) / len(val)
     base = val_loss(softmax)
-    print(f"{out_dir}: context {T}, cluster_block {cluster_block}, sharpness {cluster_sharpness}, "
+    print(f"{out_dir}: context {T}, cluster_chunk {cluster_chunk}, sharpness {cluster_sharpness}, "
           f"seeds by spherical k-means on {kmeans_batches}x{batch_size}x{T} training tokens per head")
     print(f"softmax val loss {base:.4f} ({eval_iters} batches)")
     print(f"| m | {' | '.join(f'layer {i} rel. error' for i in range(len(layers)))} | val loss | change |")
     for m in [int(s) for s in cluster_ms.split(',')]:
-        swapped = build(attention='cluster', cluster_m=m, cluster_block=cluster_block,
+        swapped = build(attention='cluster', cluster_m=m, cluster_chunk=cluster_chunk,
                         cluster_sharpness=cluster_sharpness)
         for block, keys_l in zip(swapped.transformer.h, keys):
             block.attn.seeds.copy_(spherical_kmeans(torch.cat(keys_l, 1), m, kmeans_iters))

@@ -10,6 +10,8 @@ Unlike nanoGPT, an unknown key or a value of the wrong type stops the run with a
 import difflib as _difflib
 from ast import literal_eval as _literal_eval
 
+from attention import RENAMED_KEYS as _renamed  # config keys renamed, old -> new: an old one stops, naming the new
+
 _config_types = (int, float, bool, str, type(None))
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
 
@@ -19,6 +21,8 @@ def _config_error(msg):
 
 
 def _checked(key, value, where):
+    if key not in _keys and _renamed.get(key) in _keys:
+        _config_error(f"{key} is now called {_renamed[key]} (in {where}); pass --{_renamed[key]}={value!r}")
     if key not in _keys:
         hint = _difflib.get_close_matches(key, _keys, n=1)
         _config_error(f"unknown key '{key}' in {where}" + (f"; did you mean '{hint[0]}'?" if hint else

@@ -87,24 +87,47 @@ class Block(nn.Module):
 
 
 def init_weights(model, n_layer):
-    """nanoGPT/GPT-2 init: N(0, 0.02) for Linears and Embeddings, zero biases, residual projections
-    (c_proj) scaled by 1/sqrt(2 n_layer); then the variants' own (init_variants)."""
+    """nanoGPT/GPT-2 init: N(0, 0.02) for Linears and Embeddings, zero biases, the projections that write into the
+    residual stream (c_proj of every attention layer and MLP) scaled by 1/sqrt(2 n_layer); then the rules' own."""
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(m.weight, mean=0.0, std=0.02)
         if isinstance(m, nn.Linear) and m.bias is not None:
             torch.nn.init.zeros_(m.bias)
-    for name, p in model.named_parameters():
-        if name.endswith('c_proj.weight'):
-            torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
-    init_variants(model)
+    for m in model.modules():  # module order, as GPT-2's named c_proj weights: the same random stream
+        if isinstance(m, (Attention, MLP)) and hasattr(m, 'c_proj'):
+            torch.nn.init.normal_(m.c_proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+    init_rules(model)
 
 
-def init_variants(model):
+def init_rules(model):
     """Every attention rule's own init (Attention.init_extra: a gate, say), after the model's own init."""
-    for m in model.modules():
-        if isinstance(m, Attention):
-            m.init_extra()
+    for m in attention_layers(model):
+        m.init_extra()
+
+
+def attention_layers(model):
+    """Every attention module of a model, the branches of a two-branch rule included: where its contracts are read."""
+    return [m for m in model.modules() if isinstance(m, Attention)]
+
+
+@torch.no_grad()
+def attention_reports(model, *inputs):
+    """[(module name, report)] of the attention layers that report on themselves (Attention.report, e.g. cluster
+    usage), asked on one batch: each layer is given the input it sees in model(*inputs)."""
+    layers = [(name, m) for name, m in model.named_modules()
+              if isinstance(m, Attention) and type(m).report is not Attention.report]
+    if not layers:
+        return []
+    inputs_seen = {}
+    hooks = [m.register_forward_pre_hook(lambda m, args: inputs_seen.setdefault(m, args[0])) for _, m in layers]
+    try:
+        model(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    reports = [(name, m.report(*m.project(inputs_seen[m]))) for name, m in layers if m in inputs_seen]
+    return [(name, report) for name, report in reports if report]
 
 
 class GenerationCache:
@@ -222,8 +245,8 @@ def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
     """AdamW with weight decay on matrices (Linears, embeddings) only; biases, norms, scalars and the parameters a
     rule names in its `no_decay` (Attention's contract) are not decayed. Parameters a rule names in its `lr_scale`
     go in groups of their own, marked with the factor; train.py sets each group's lr to the schedule's × it."""
-    exempt = {id(getattr(m, name)) for m in model.modules() for name in getattr(m, 'no_decay', ())}
-    scale = {id(getattr(m, name)): f for m in model.modules() for name, f in getattr(m, 'lr_scale', {}).items()}
+    exempt = {id(getattr(m, name)) for m in attention_layers(model) for name in m.no_decay}
+    scale = {id(getattr(m, name)): f for m in attention_layers(model) for name, f in m.lr_scale.items()}
     params = [p for p in model.parameters() if p.requires_grad]
     groups = []
     for factor in [1.0] + sorted(set(scale.values()) - {1.0}):

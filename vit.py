@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from attention import AttentionConfig
 from augment import soft_cross_entropy
-from model import GPT, Block, LayerNorm, configure_adamw, init_variants
+from model import GPT, Block, LayerNorm, configure_adamw, init_rules
 
 
 @dataclass
@@ -58,7 +58,7 @@ class ViT(nn.Module):
         # At 400 CPU steps it beat the GPT's init (N(0, 0.02), scaled c_proj) by 0.02-0.05 test accuracy (README)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        init_variants(self)
+        init_rules(self)
 
     def get_num_params(self, non_embedding=True):
         """Parameter count; the position embedding is not counted (as for the GPT)."""

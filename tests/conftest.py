@@ -1,5 +1,5 @@
 """Shared test helpers: the repo on sys.path, the offline data samples (skipped with a reason where absent),
-and running train.py as a user would."""
+running train.py as a user would, and the cases of the tests that run every rule (each on what it declares)."""
 import json
 import os
 import re
@@ -55,3 +55,36 @@ def assert_causal(model, T, cut, vocab=11):
         b, _ = model(changed, changed)
     assert torch.equal(a[:, :cut], b[:, :cut])
     assert not torch.equal(a[:, cut:], b[:, cut:])
+
+
+def readme_rule_source():
+    """The first ```python block under README.md's "## Adding a rule": the example rule, exactly as a reader copies it."""
+    text = (ROOT / 'README.md').read_text()
+    section = text[text.index('## Adding a rule'):]
+    return section[section.index('```python') + len('```python'):section.index('```', section.index('```python') + 9)]
+
+
+def register_readme_rule():
+    """Run README's example, which defines a rule and registers it in ATTENTION, as a reader's own module would."""
+    import attention
+    exec(readme_rule_source(), {'torch': torch, 'Attention': attention.Attention, 'ATTENTION': attention.ATTENTION})
+
+
+# REGISTER_README_RULE=1: README's example rule is registered before collection, so every test that runs "all rules"
+# runs it too (tests/test_frame.py::test_the_readme_rule_passes_every_all_rules_test does this in a subprocess)
+if os.environ.get('REGISTER_README_RULE') == '1':
+    register_readme_rule()
+
+
+def rule_cases(cases, capability=None):
+    """pytest params for a test that runs every rule: each case (config keys naming its `attention` rule) runs
+    where its rule declares `capability` (an Attention class attribute: has_cache, has_flex,
+    has_bidirectional_form) and is skipped, saying why, where it does not."""
+    from attention import rule_class
+    params = []
+    for kw in cases:
+        rule = rule_class(kw['attention'], kw.get('krause_mix', False))
+        missing = capability is not None and not getattr(rule, capability)
+        marks = pytest.mark.skip(reason=f"{rule.__name__} does not declare {capability}") if missing else ()
+        params.append(pytest.param(kw, marks=marks, id='-'.join(f'{k}={v}' for k, v in kw.items())))
+    return params

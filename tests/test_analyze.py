@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from analyze import (clusters, collapse_residual, effective_rank, entropy, first_token_share, sparsity,
+from analyze import (token_groups, collapse_residual, effective_rank, entropy, first_token_share, sparsity,
                      uniform_share)
 from attention import AttentionConfig, Attention, build_attention
 
@@ -13,16 +13,16 @@ def test_identical_tokens_are_collapsed():
     x = torch.randn(1, 16).expand(10, 16)
     assert collapse_residual(x) == pytest.approx(0, abs=1e-6)
     assert effective_rank(x) == pytest.approx(1, abs=1e-6)
-    assert all(clusters(x, t) == 1 for t in (0.9, 0.95, 0.99))
+    assert all(token_groups(x, t) == 1 for t in (0.9, 0.95, 0.99))
 
 
-def test_two_tight_separated_groups_are_two_clusters():
+def test_two_tight_separated_groups_are_two_token_groups():
     torch.manual_seed(0)
     a, b = torch.zeros(16), torch.zeros(16)
     a[0], b[1] = 1, 1  # orthogonal directions
     x = torch.cat([a + 0.01 * torch.randn(5, 16), b + 0.01 * torch.randn(7, 16)])
-    assert clusters(x, 0.9) == 2
-    assert clusters(torch.eye(6), 0.9) == 6  # orthogonal tokens: each its own
+    assert token_groups(x, 0.9) == 2
+    assert token_groups(torch.eye(6), 0.9) == 6  # orthogonal tokens: each its own
     assert effective_rank(torch.eye(6)) == pytest.approx(6)
 
 
@@ -49,7 +49,7 @@ class Uniform(Attention):
 
 
 @pytest.mark.parametrize('rule,extra', [('softmax', {}), ('krause', dict(krause_window=8, krause_topk=4)),
-                                        ('attentionx', dict(attnx_gamma=3.0)), ('cluster', dict(cluster_block=4)),
+                                        ('attentionx', dict(attnx_gamma=3.0)), ('cluster', dict(cluster_chunk=4)),
                                         ('tda', {}), ('uniform', {})])
 def test_every_rule_gives_its_weights_through_the_frame(rule, extra):
     """attention_weights W reproduces the rule's own output: y = W v (AttentionX: v - γ A v; TDA: RMSNorm(W v))."""

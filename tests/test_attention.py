@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from attention import (ATTENTION, AttentionConfig, Rotary, band_keys, band_layout, band_mask, band_queries,
-                       band_strip, build_attention, kth_largest, unband)
+from attention import ATTENTION, AttentionConfig, build_attention, kth_largest
+from attention_tools import Rotary, band_keys, band_layout, band_mask, band_queries, band_strip, unband
 from conftest import assert_causal
 from model import GPT, GPTConfig
 
@@ -45,6 +45,25 @@ def test_softmax_matches_reference(T, window, causal):
     grads_ref = torch.autograd.grad(ref, (q, k, v), g)
     for a, b in zip(grads, grads_ref):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize('T,window,causal', [(13, 0, True), (13, 0, False), (13, 4, True), (70, 16, True),
+                                             (5, 8, True), (17, 1, True)])
+@pytest.mark.parametrize('attention', ['softmax', 'attentionx'])
+def test_the_formula_as_tensor_ops_equals_the_fused_path(T, window, causal, attention):
+    # SoftmaxAttention.attend written out (T×T scores, mask, softmax, @ v) against SDPA and the band; AttentionX
+    # subtracts it from v, with its masked diagonal too in a ViT
+    kw = dict(window=window, causal=causal, attention=attention, attnx_gamma=3.0,
+              attnx_mask_diagonal=attention == 'attentionx' and not causal)
+    attn = make(T, **kw)
+    q, k, v = qkv(T)
+    fused = attn.attend(q, k, v)
+    attn.fused = False
+    explicit = attn.attend(q, k, v)
+    torch.testing.assert_close(explicit, fused, atol=1e-12, rtol=1e-12)
+    g = torch.randn_like(fused)
+    for a, b in zip(torch.autograd.grad(explicit, (q, k, v), g), torch.autograd.grad(fused, (q, k, v), g)):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize('C,P', [(16, 16), (4, 16), (16, 32)])

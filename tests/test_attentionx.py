@@ -1,6 +1,6 @@
-"""AttentionX against a slow reference written straight from SPEC §3: y_i = v_i - γ_h Σ_j softmax_j(q_i·k_j/√D)
-v_j over the keys j that query i sees, one query at a time. Float64, forward and gradients (q, k, v, γ), with a
-different γ per head (one of them negative) so that a mix-up of heads would show."""
+"""AttentionX against a slow reference written straight from the formula (docs/rules.md#attentionx): y_i = v_i - γ_h
+Σ_j softmax_j(q_i·k_j/√D) v_j over the keys j that query i sees, one query at a time. Float64, forward and
+gradients (q, k, v, γ), with a different γ per head (one of them negative) so that a mix-up of heads would show."""
 import math
 
 import pytest
@@ -73,7 +73,7 @@ def test_matches_reference(T, causal, mask_diagonal, window, learnable):
 
 
 def test_gamma_one_is_the_attention_graph_laplacian():
-    # SPEC §3: with γ = 1, y = (I - A)V; the rows of I - A sum to 0, so a constant v gives y = 0 (a high-pass filter)
+    # with γ = 1, y = (I - A)V; the rows of I - A sum to 0, so a constant v gives y = 0 (a high-pass filter)
     attn = make(9, causal=False, attnx_mask_diagonal=True)
     with torch.no_grad():
         attn.gamma.fill_(1.0)

@@ -1,5 +1,5 @@
-"""Cluster attention (SPEC §4) against a slow reference written straight from the formula (per query: the soft
-assignment, the cluster sums of the past blocks, one softmax over [own block ; clusters]); exactness against full
+"""Cluster attention (docs/rules.md#cluster) against a slow reference written straight from the formula (per query: the soft
+assignment, the cluster sums of the past chunks, one softmax over [own chunk ; clusters]); exactness against full
 softmax when keys sit on m exact centres; no future leakage; gradients (gradcheck, float64) to q, k, v, the seeds
 and the sharpness; seeds that learn at their own rate, undecayed; usage statistics; bad settings."""
 import math
@@ -10,13 +10,13 @@ import torch.nn.functional as F
 
 from attention import AttentionConfig, build_attention, cluster_usage
 from conftest import assert_causal
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, attention_reports
 from prepare.recall import make_examples
 
 
 def make(T=20, causal=True, H=3, D=8, **kw):
     cfg = AttentionConfig(**{**dict(n_embd=H * D, n_head=H, block_size=T, attention='cluster', causal=causal,
-                                    cluster_m=4, cluster_block=4), **kw})
+                                    cluster_m=4, cluster_chunk=4), **kw})
     attn = build_attention(cfg, 0).double()
     with torch.no_grad():  # a different sharpness per head, so a mix-up of heads would show
         attn.log_sharpness.copy_(torch.log(torch.tensor([1.5, 4.0, 9.0], dtype=torch.float64)[:H]))
@@ -67,7 +67,7 @@ def reference(q, k, v, seeds, sharpness, causal, L=4, iters=0, self_term=False):
 
 
 # (T, L): T not a multiple of L, L = 1, L >= T (exact causal softmax), and the bidirectional forms
-@pytest.mark.parametrize('kw', [dict(T=13, cluster_block=4), dict(T=9, cluster_block=1), dict(T=6, cluster_block=8),
+@pytest.mark.parametrize('kw', [dict(T=13, cluster_chunk=4), dict(T=9, cluster_chunk=1), dict(T=6, cluster_chunk=8),
                                 dict(T=11, causal=False), dict(T=11, causal=False, cluster_iters=2),
                                 dict(T=11, causal=False, cluster_iters=1, cluster_self=True)],
                          ids=lambda kw: '-'.join(f'{k}={v}' for k, v in kw.items()))
@@ -75,7 +75,7 @@ def test_matches_reference(kw):
     attn = make(**kw)
     q, k, v = qkv(kw['T'])
     y = attn.attend(q, k, v)
-    ref = reference(q, k, v, attn.seeds, attn.log_sharpness.exp(), attn.causal, attn.block, attn.iters, attn.self_term)
+    ref = reference(q, k, v, attn.seeds, attn.log_sharpness.exp(), attn.causal, attn.chunk, attn.iters, attn.self_term)
     torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
     g = torch.randn_like(y)
     inputs = (q, k, v, attn.seeds, attn.log_sharpness)
@@ -83,11 +83,11 @@ def test_matches_reference(kw):
                         for out in (y, ref))  # with one block there is no past: no gradient to seeds or sharpness
     for name, a, b in zip('q k v seeds log_sharpness'.split(), grads, grads_ref):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9, msg=f'gradient of {name}')
-    if kw['T'] > attn.block or not attn.causal:
+    if kw['T'] > attn.chunk or not attn.causal:
         assert grads_ref[3].abs().sum() > 0 and grads_ref[4].abs().sum() > 0
 
 
-@pytest.mark.parametrize('causal,kw', [(True, dict(cluster_block=4)), (True, dict(cluster_block=16)),
+@pytest.mark.parametrize('causal,kw', [(True, dict(cluster_chunk=4)), (True, dict(cluster_chunk=16)),
                                        (False, dict()), (False, dict(cluster_iters=3))])
 def test_exact_when_keys_sit_on_the_centres(causal, kw):
     # keys drawn from m exact centres, seeds near them, a very large sharpness: every key in exactly one cluster,
@@ -108,7 +108,7 @@ def test_exact_when_keys_sit_on_the_centres(causal, kw):
 
 
 def test_a_block_as_long_as_the_sequence_is_causal_softmax():
-    attn = make(12, cluster_block=12)
+    attn = make(12, cluster_chunk=12)
     q, k, v = qkv(12)
     torch.testing.assert_close(attn.attend(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
@@ -118,7 +118,7 @@ def test_no_future_leakage(L):
     torch.manual_seed(0)
     T = 70  # a multiple of none of the blocks but 1
     attn = build_attention(AttentionConfig(n_embd=32, n_head=4, block_size=T, attention='cluster', cluster_m=8,
-                                           cluster_block=L), 0).eval()
+                                           cluster_chunk=L), 0).eval()
     x = torch.randn(2, T, 32)
     for cut in sorted({1, L - 1, L, L + 1, 37, T - 1} - {0}):
         changed = x.clone()
@@ -133,11 +133,11 @@ def test_no_future_leakage(L):
 def test_gpt_is_causal(L):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='cluster',
-                          cluster_m=4, cluster_block=L)).eval()
+                          cluster_m=4, cluster_chunk=L)).eval()
     assert_causal(model, T=39, cut=21)
 
 
-@pytest.mark.parametrize('kw', [dict(T=7, cluster_block=3),
+@pytest.mark.parametrize('kw', [dict(T=7, cluster_chunk=3),
                                 dict(T=6, causal=False, cluster_iters=1, cluster_self=True)])
 def test_gradcheck(kw):
     # finite differences in float64 for every input: q, k, v, the seeds and the sharpness
@@ -151,7 +151,7 @@ def test_seeds_are_undecayed_learn_at_their_own_rate_and_move():
     torch.manual_seed(0)
     x, y = (torch.from_numpy(a.astype('int64')) for a in make_examples(512, 16, 4, 32, seed=0))
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=32, attention='cluster',
-                          cluster_m=8, cluster_block=8, cluster_seed_lr=10.0))
+                          cluster_m=8, cluster_chunk=8, cluster_seed_lr=10.0))
     attn = model.transformer.h[0].attn
     assert torch.allclose(attn.seeds.norm(dim=-1), torch.ones(4, 8))  # unit seeds, orthogonal per head
     torch.testing.assert_close(attn.seeds @ attn.seeds.transpose(1, 2), torch.eye(8).expand(4, 8, 8))
@@ -160,8 +160,7 @@ def test_seeds_are_undecayed_learn_at_their_own_rate_and_move():
     assert group['lr_scale'] == 10.0 and group['weight_decay'] == 0.0
     seeds0 = [F.normalize(b.attn.seeds.detach().clone(), dim=-1) for b in model.transformer.h]
     model.eval()
-    model(x[:64])
-    usage0 = attn.stats['perplexity'].clone()
+    usage0 = dict(attention_reports(model, x[:64]))['transformer.h.0.attn']['perplexity'].clone()
     model.train()
     for step in range(15):
         for g in optimizer.param_groups:
@@ -175,8 +174,8 @@ def test_seeds_are_undecayed_learn_at_their_own_rate_and_move():
         cos = (F.normalize(block.attn.seeds.detach(), dim=-1) * before).sum(-1)
         assert (cos < 0.999).all() and block.attn.log_sharpness.grad.abs().sum() > 0
     model.eval()
-    model(x[:64])
-    assert not torch.allclose(attn.stats['perplexity'], usage0, atol=1e-2)
+    usage = dict(attention_reports(model, x[:64]))['transformer.h.0.attn']['perplexity']
+    assert not torch.allclose(usage, usage0, atol=1e-2)
 
 
 def test_usage_statistics():
@@ -191,14 +190,16 @@ def test_usage_statistics():
     torch.testing.assert_close(uniform['perplexity'], torch.full((H,), float(m)))
     torch.testing.assert_close(uniform['entropy'], torch.full((H,), math.log(m)))
     attn = make(10).eval()
-    assert attn.stats is None
-    attn(torch.randn(1, 10, 24, dtype=torch.float64))
-    assert attn.stats['perplexity'].shape == (3,) and (attn.stats['perplexity'] <= 4 + 1e-9).all()
+    x = torch.randn(1, 10, 24, dtype=torch.float64)
+    attn(x)
+    assert not hasattr(attn, 'stats')  # a forward leaves nothing behind: the report is asked for
+    report = attn.report(*attn.project(x))
+    assert report['perplexity'].shape == (3,) and (report['perplexity'] <= 4 + 1e-9).all()
 
 
 @pytest.mark.parametrize('kw,match', [
     (dict(cluster_m=0), 'cluster_m must be >= 1'),
-    (dict(cluster_block=0), 'cluster_block must be >= 1'),
+    (dict(cluster_chunk=0), 'cluster_chunk must be >= 1'),
     (dict(cluster_iters=1), 'cluster_iters and cluster_self are the bidirectional'),
     (dict(cluster_self=True), 'cluster_iters and cluster_self are the bidirectional'),
     (dict(causal=False, cluster_iters=-1), 'cluster_iters must be >= 0'),

@@ -1,29 +1,33 @@
-"""The frame every rule shares (attention.Attention): every registered rule fits it, a new rule can be added the
-way README's "Adding a variant" says, and the contracts it names (c_proj, init_extra, no_decay) hold."""
+"""The frame every rule shares (attention.Attention): every registered rule fits it, in each form it declares; a new
+rule can be added the way README's "Adding a rule" says (its example, registered, passes every test that runs all
+rules); and the contracts it names (c_proj, init_extra, no_decay) hold."""
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn as nn
 
-import attention
+import attention_tools
 from attention import ATTENTION, Attention, AttentionConfig, build_attention
-from conftest import run_script
+from conftest import ROOT, register_readme_rule, rule_cases, run_script
 from model import GPT, GPTConfig
 from prepare.recall import make_examples
 
 # every registered rule, in the forms a GPT (causal) and a ViT (65 tokens on an 8x8 grid) build it
 CAUSAL = [dict(attention=name) for name in ATTENTION] + [dict(attention='krause', krause_mix=True),
                                                          dict(attention='softmax', window=5)]
-VIT = [dict(attention=name) for name in ATTENTION]
+VIT = [dict(attention=name, causal=False, grid_size=8) for name in ATTENTION]
 
 
 def small(**kw):
     return AttentionConfig(**{**dict(n_embd=32, n_head=4, block_size=65, krause_window=8, krause_topk=4), **kw})
 
 
-@pytest.mark.parametrize('kw', CAUSAL + [dict(causal=False, grid_size=8, **kw) for kw in VIT],
-                         ids=lambda kw: '-'.join(f'{k}={v}' for k, v in kw.items()))
+@pytest.mark.parametrize('kw', rule_cases(CAUSAL) + rule_cases(VIT, 'has_bidirectional_form'))
 def test_every_rule_is_project_attend_out(kw):
     torch.manual_seed(0)
     attn = build_attention(small(**kw), 0).double().eval()
@@ -36,6 +40,31 @@ def test_every_rule_is_project_attend_out(kw):
     y = attn.attend(*tensors)
     assert y.shape[:3] == (2, 4, 65)
     torch.testing.assert_close(attn(x), attn.out(y), atol=0, rtol=0)
+
+
+def test_the_readme_rule_passes_every_all_rules_test():
+    # README's example, exec'd exactly as written and registered before collection, through every test that runs
+    # all rules: it runs where it declares a form and is skipped, with a reason, where it does not
+    all_rules_tests = ['tests/test_frame.py', 'tests/test_generate.py', 'tests/test_gpu.py']
+    env = {**os.environ, 'REGISTER_README_RULE': '1', 'OMP_NUM_THREADS': '1'}
+    proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-rs', '-p', 'no:cacheprovider', '-k',
+                           'uniform and not readme_rule_passes', *all_rules_tests], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert int(re.search(r'(\d+) passed', out).group(1)) >= 1, out[-3000:]  # the causal frame
+    assert 'UniformAttention does not declare has_cache' in out            # generation: skipped, saying why
+    assert 'UniformAttention does not declare has_bidirectional_form' in out
+
+
+def test_the_readme_rule_trains_and_generates_without_a_cache(monkeypatch):
+    monkeypatch.setitem(ATTENTION, 'uniform', None)  # restored after the test: README's block then registers it
+    register_readme_rule()
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11, attention='uniform'))
+    idx = torch.randint(0, 11, (1, 4))
+    assert model.generate(idx, 6, temperature=0, use_cache=False).shape == (1, 10)
+    with pytest.raises(NotImplementedError, match='generate with use_cache=False'):
+        model.generate(idx, 1, use_cache=True)
 
 
 class UniformAttention(Attention):
@@ -87,6 +116,11 @@ def test_a_toy_rule_registers_and_trains_on_recall(registered):
     assert losses[0] > 3.0 and losses[-1] < 2.9  # ln(32) = 3.47 at the start; answering with some value: ln(16) = 2.77
 
 
+def test_a_rule_without_a_bidirectional_form_refuses_one_in_a_line(registered):
+    with pytest.raises(ValueError, match=r"attention='uniform' \(UniformAttention\) has no bidirectional form"):
+        build_attention(small(attention='uniform', causal=False, grid_size=8), 0)
+
+
 def test_the_contracts_hold_for_a_toy_rule(registered):
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=11, attention='scaled_uniform'))
     attn = model.transformer.h[1].attn
@@ -103,13 +137,13 @@ def test_the_contracts_hold_for_a_toy_rule(registered):
 
 
 def test_block_masks_are_cached_by_the_mask_that_defines_them():
-    cpu = torch.device('cpu')
-    assert attention.sliding_window_mask(8) is attention.sliding_window_mask(8)
-    assert attention.block_mask(attention.sliding_window_mask(8), 200, cpu) is \
-        attention.block_mask(attention.sliding_window_mask(8), 200, cpu)
-    assert attention.block_mask(attention.causal_mask, 200, cpu) is not \
-        attention.block_mask(attention.causal_mask, 300, cpu)  # one per length
-    assert attention.block_mask(None, 200, cpu) is None       # full attention needs none
+    cpu, tools = torch.device('cpu'), attention_tools
+    assert tools.sliding_window_mask(8) is tools.sliding_window_mask(8)
+    assert tools.block_mask(tools.sliding_window_mask(8), 200, cpu) is \
+        tools.block_mask(tools.sliding_window_mask(8), 200, cpu)
+    assert tools.block_mask(tools.causal_mask, 200, cpu) is not \
+        tools.block_mask(tools.causal_mask, 300, cpu)  # one per length
+    assert tools.block_mask(None, 200, cpu) is None       # full attention needs none
 
 
 def test_bench_times_the_krause_mix_form():

@@ -1,21 +1,23 @@
-"""Generation with a KV cache (issue 16): for every rule in ATTENTION, cached greedy generation gives exactly the
+"""Generation with a KV cache: for every rule in ATTENTION, cached greedy generation gives exactly the
 tokens of uncached generation, and the cached logits equal the full forward's at every step, past the window, the
-cluster block and block_size; and a cache refuses what it cannot serve."""
+cluster chunk and block_size; and a cache refuses what it cannot serve."""
 import pytest
 import torch
 
-from attention import ATTENTION, KVCache, Rotary
+from attention import ATTENTION
+from attention_tools import KVCache, Rotary
+from conftest import rule_cases
 from model import GPT, GPTConfig
 
-# small windows and blocks, so a 16 + 64 token run crosses each boundary several times (and block_size = 32)
+# small windows and chunks, so a 16 + 64 token run crosses each boundary several times (and block_size = 32)
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=False, pos_emb='rope', window=0,
-             krause_window=8, krause_topk=4, cluster_block=8, cluster_m=4, tda_beta=0.5)
+             krause_window=8, krause_topk=4, cluster_chunk=8, cluster_m=4, tda_beta=0.5)
 # (no Krause with pos_emb='none' here: repeated tokens then give layer 0 identical keys, tied scores at the top-k
 # boundary that the band and the decode path may round apart; positions break the ties)
 CASES = [dict(attention=name) for name in ATTENTION] + [
     dict(attention='softmax', window=8), dict(attention='krause', krause_mix=True),
     dict(attention='attentionx', window=8),
-    dict(attention='cluster', cluster_block=5), dict(attention='cluster', cluster_block=24), dict(attention='softmax', pos_emb='none'),
+    dict(attention='cluster', cluster_chunk=5), dict(attention='cluster', cluster_chunk=24), dict(attention='softmax', pos_emb='none'),
     dict(attention='softmax', pos_emb='learned', block_size=96)]
 
 
@@ -24,7 +26,7 @@ def tiny(**kw):
     return GPT(GPTConfig(**{**SMALL, **kw})).double().eval()
 
 
-@pytest.mark.parametrize('kw', CASES, ids=lambda kw: '-'.join(f'{k}={v}' for k, v in kw.items()))
+@pytest.mark.parametrize('kw', rule_cases(CASES, 'has_cache'))
 def test_cached_generation_equals_uncached_and_the_forward(kw):
     model = tiny(**kw)
     prompt = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(1))

@@ -8,7 +8,8 @@ import torch
 
 from conftest import iter_losses, run_script
 
-from attention import AttentionConfig, KrauseAttention, KrauseMixAttention, build_attention, in_causal_window
+from attention import AttentionConfig, KrauseAttention, KrauseMixAttention, build_attention
+from attention_tools import in_causal_window
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex backward)")
 
@@ -60,7 +61,7 @@ def ambiguous_topk_rows(attn, tensors):
     q_scaled, key_bias = attn.rbf_terms(q, k)
     scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)  # (B, H, T, T), fine at these sizes
     position = torch.arange(q.size(2), device=q.device)
-    mask = attn.neighbourhood if attn.grid else in_causal_window(position.view(-1, 1), position, attn.window)
+    mask = attn.neighbourhood if attn.grid else in_causal_window(position.view(-1, 1), position, attn.krause_window)
     top = scores.masked_fill(~mask, float('-inf')).topk(min(attn.topk + 1, q.size(2)), -1).values
     if top.size(-1) <= attn.topk:
         return torch.zeros_like(top[..., 0], dtype=torch.bool)

@@ -1,5 +1,5 @@
-"""Krause attention against a slow reference written straight from SPEC §1: explicit per-pair distances,
-a per-row sort, a softmax over the survivors. Float64, forward and gradients (q, k, v, log σ)."""
+"""Krause attention against a slow reference written straight from the formula (docs/rules.md#krause): explicit
+per-pair distances, a per-row sort, a softmax over the survivors. Float64, forward and gradients (q, k, v, log σ)."""
 
 import os
 import shutil
@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention, grid_neighbourhood, krause_topk_schedule
+from attention import AttentionConfig, build_attention, krause_topk_schedule
+from attention_tools import grid_neighbourhood
 from conftest import assert_causal
 from model import GPT, GPTConfig
 

@@ -1,4 +1,4 @@
-"""Reliability and the first hour (issue 17): every bad setting or damaged dataset ends in one `error:` line before
+"""Reliability and the first hour: every bad setting or damaged dataset ends in one `error:` line before
 any work, kill -9 at any moment loses nothing, a torchrun worker killed mid-run restarts and resumes by itself."""
 import json
 import os

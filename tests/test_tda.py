@@ -1,6 +1,6 @@
-"""Threshold Differential Attention against a slow reference written straight from SPEC §2: a loop over query
-rows, explicit thresholds from math.log, the rectified power, the two views, the per-head RMSNorm. Float64,
-forward and gradients (q's, k's, v, β, λ, the RMSNorm weight)."""
+"""Threshold Differential Attention against a slow reference written straight from the formula (docs/rules.md#tda): a
+loop over query rows, explicit thresholds from math.log, the rectified power, the two views, the per-head RMSNorm.
+Float64, forward and gradients (q's, k's, v, β, λ, the RMSNorm weight)."""
 import math
 
 import pytest
@@ -62,7 +62,7 @@ CASES = [(13, 4, True, True, 2.0, 1.0), (16, 4, True, True, 2.0, 1.0), (21, 8, F
 
 @pytest.mark.parametrize('T,chunk,causal,differential,p,kappa', CASES)
 def test_matches_reference(T, chunk, causal, differential, p, kappa):
-    attn = make(T, tda_chunk=chunk * T, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa)
+    attn = make(T, tda_chunk_weights=chunk * T, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa)
     tensors = inputs(len(attn.projections), T)
     y = attn.attend(*tensors)
     own, beta, lam = parameters(attn)
@@ -103,7 +103,7 @@ def test_rows_without_survivors_give_exactly_zero():
 def test_saves_no_chunk_of_weights_for_backward():
     # everything autograd keeps outside the recomputed chunks is O(T·D): inputs, normalised q/k, y, the norm
     T, chunk = 256, 16
-    attn = make(T, tda_chunk=chunk * T)
+    attn = make(T, tda_chunk_weights=chunk * T)
     tensors = inputs(5, T)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -117,13 +117,13 @@ def test_saves_no_chunk_of_weights_for_backward():
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='tda',
-                          tda_chunk=8 * 40, **kw)).eval()
+                          tda_chunk_weights=8 * 40, **kw)).eval()
     assert_causal(model, T=40, cut=21)
 
 
 @pytest.mark.parametrize('T,kw', [(200, dict()), (65, dict(causal=False)), (100, dict(tda_differential=False))])
 def test_flex_forward_equals_math(T, kw):
-    attn = make(T, tda_chunk=32 * T, **kw).float()
+    attn = make(T, tda_chunk_weights=32 * T, **kw).float()
     tensors = [t.detach().float() for t in inputs(len(attn.projections), T)]
     with torch.no_grad():
         torch.testing.assert_close(attn.attend_flex(*tensors), attn.attend(*tensors), atol=1e-5, rtol=1e-5)
@@ -178,7 +178,7 @@ def test_initial_values_and_vit():
     (dict(tda_lambda=1.0), r'tda_lambda must be in \(0, 1\)'),
     (dict(tda_beta=0.0), 'tda_beta must be > 0'),
     (dict(tda_beta=-0.5), 'tda_beta must be > 0'),
-    (dict(tda_chunk=0), 'tda_chunk must be >= 1'),
+    (dict(tda_chunk_weights=0), 'tda_chunk_weights must be >= 1'),
     (dict(tda_eps=0.0), 'tda_eps must be > 0'),
 ])
 def test_bad_settings_fail_at_construction(kw, match):
