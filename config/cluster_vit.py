@@ -1,6 +1,7 @@
-# Cluster attention ViT-S on CIFAR-10 (SPEC §4, seed 002): the recipe of config/softmax_vit.py with
-# attention='cluster'. Each token attends to m = 16 cluster summaries of all 65 tokens (1 CLS + 8x8 patches),
-# the seeds refined once by soft k-means on each image's keys, plus its own key exactly (the self term).
+# Cluster attention ViT-S on CIFAR-10 (this project's rule, docs/rules.md#cluster): the recipe of
+# config/softmax_vit.py with attention='cluster'. Each token attends to m = 16 cluster summaries of all 65 tokens
+# (1 CLS + 8x8 patches), the seeds refined once by soft k-means on each image's keys, plus its own key exactly
+# (the self term).
 # 1 GPU:  python train.py config/cluster_vit.py
 # CPU smoke run: the override line in config/softmax_vit.py works here too.
 

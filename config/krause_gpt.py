@@ -1,4 +1,5 @@
-# Krause attention GPT: the official 100M language-model recipe (SPEC §1), on FineWeb-Edu sample-10BT.
+# Krause attention GPT: the official 100M language-model recipe of Krause Synchronization Transformers (arXiv
+# 2602.11534; docs/rules.md#krause), on FineWeb-Edu sample-10BT.
 # 8 layers, 768 wide, 12 heads, MLP 2048, context 1024, tied embeddings, pre-norm; every layer mixes a causal
 # softmax branch and a Krause branch (W=32, k=16, σ₀=2.5) through a per-token gate (krause_mix).
 # 8 GPUs:   torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py

@@ -1,4 +1,5 @@
-# Krause ViT-S on CIFAR-10: the official KViT-S recipe (SPEC §1), the same training as config/softmax_vit.py
+# Krause ViT-S on CIFAR-10: the official KViT-S recipe of Krause Synchronization Transformers (arXiv 2602.11534;
+# docs/rules.md#krause), the same training as config/softmax_vit.py
 # with attention='krause'. Each patch attends to CLS, itself and the 4 patches at Manhattan distance 1 (the
 # official "window 4"), keeps the top k of those (k = 2 at the first layer growing to 4 at the last), and
 # CLS attends to every token. The paper reports 95.35% (vs 92.45% for its softmax ViT).

@@ -1,5 +1,6 @@
 # GPT-2 (124M) on FineWeb-Edu sample-10BT with softmax attention: build-nanogpt's recipe, the baseline row for
-# the FineWeb variants. One epoch of 10B tokens: 19,073 steps of 524,288 tokens, HellaSwag at every evaluation.
+# the other rules on FineWeb-Edu. One epoch of 10B tokens: 19,073 steps of 524,288 tokens, HellaSwag at every
+# evaluation.
 # 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/softmax_fineweb.py
 # CPU smoke test on a local sample:
 #   python train.py config/softmax_fineweb.py --data_source=PATH.parquet --data_dir=data/fw_sample --device=cpu

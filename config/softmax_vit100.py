@@ -1,4 +1,5 @@
-# ViT-S on CIFAR-100 with softmax attention: config/softmax_vit.py's recipe on the 100-class dataset (SPEC.md §1).
+# ViT-S on CIFAR-100 with softmax attention: config/softmax_vit.py's recipe (the official KViT-S recipe of Krause
+# Synchronization Transformers, arXiv 2602.11534) on the 100-class dataset.
 # The Krause paper reports 72.28% test accuracy for the softmax ViT.
 # 1 GPU:  python train.py config/softmax_vit100.py
 # 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/softmax_vit100.py

@@ -1,7 +1,8 @@
-# Threshold Differential Attention GPT: the paper's setup (SPEC §2, seed 003): GPT-2-162M = 12 layers, 12 heads,
-# 768 wide, RoPE and no learned positions, untied output head; FineWeb-Edu sample-10BT; AdamW lr 1e-3 warm-up then
-# cosine to 1e-4, weight decay 0.1; HellaSwag at every evaluation. The paper reports val loss 3.1190 (softmax
-# 3.1196) at 99% exact zeros. Everything else is build-nanogpt's recipe, config/softmax_fineweb.py, which this runs.
+# Threshold Differential Attention GPT: the paper's setup (arXiv 2601.12145; docs/rules.md#tda): GPT-2-162M =
+# 12 layers, 12 heads, 768 wide, RoPE and no learned positions, untied output head; FineWeb-Edu sample-10BT; AdamW
+# lr 1e-3 warm-up then cosine to 1e-4, weight decay 0.1; HellaSwag at every evaluation. The paper reports val loss
+# 3.1190 (softmax 3.1196) at 99% exact zeros. Everything else is build-nanogpt's recipe, config/softmax_fineweb.py,
+# which this runs.
 # 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/tda_gpt.py
 # 1 GPU:   python train.py config/tda_gpt.py            (same global batch, 8x the accumulation steps)
 # Single-view ablation (TRA):  python train.py config/tda_gpt.py --tda_differential=False

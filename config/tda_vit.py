@@ -1,6 +1,6 @@
 # TDA ViT-S on CIFAR-10: the same training as config/softmax_vit.py (the official KViT-S recipe, which this runs)
 # with attention='tda'. A ViT is not causal: every token sees all N = 65 tokens (CLS + 8x8 patches) under one
-# constant threshold τ = β·sqrt(2·ln(N/κ)/D) (SPEC §2, the project's extension; the paper has no ViT).
+# constant threshold τ = β·sqrt(2·ln(N/κ)/D) (the project's extension, docs/rules.md#tda; the paper has no ViT).
 # 1 GPU:  python train.py config/tda_vit.py
 # CPU smoke run: the override line in config/softmax_vit.py works here too.
 
