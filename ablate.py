@@ -32,7 +32,7 @@ train = True                # train the runs that are missing; False: only tabul
 analysis_batch = 32         # val examples analyzed per checkpoint
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
-# each name: its train.py arguments on top of the recipe (the settings the README's results use)
+# each name: its train.py arguments on top of the recipe (the settings RESULTS.md's tables use)
 RULES = {
     'softmax': '--attention=softmax',
     'softmax_rope': '--attention=softmax --pos_emb=rope',
