@@ -25,14 +25,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from attention import AttentionConfig, check_attention_name
+from attention import AttentionConfig
+from checks import check_train_config
 from augment import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, mixup_cutmix, normalize,
                      one_hot_smooth, random_crop, random_flip)
 from model import GPT, GPTConfig
-from prepare import (check_dataset_dir, check_dataset_name, check_files, dataset_kind, prepare_dataset,
-                     val_tokens_needed)
-from runtime import (check_attention_layers, dataclass_defaults, dataclass_values, load_checkpoint, peak_flops,
-                     precision)
+from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, val_tokens_needed
+from runtime import dataclass_defaults, dataclass_values, load_checkpoint, peak_flops, precision
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -112,60 +111,14 @@ def fail(msg):
 
 # check every setting before any work is done: each bad value ends in one `error:` line that names it and the fix
 try:
-    check_attention_name(attention)
-    check_dataset_name(dataset)
+    check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)))
 except ValueError as e:
     fail(e)
-for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval', 'log_interval',
-            'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs'):  # sizes and intervals
-    if globals()[key] < 1:
-        fail(f"{key}={globals()[key]} must be at least 1; pass --{key}=1 or more")
-for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'num_classes', 'min_lr', 'weight_decay',
-            'grad_clip', 'mixup_alpha', 'cutmix_alpha'):
-    if globals()[key] < 0:
-        fail(f"{key}={globals()[key]} must not be negative; pass --{key}=0 or more")
-for key in ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing'):  # probabilities and decay rates
-    if not 0.0 <= globals()[key] < 1.0:
-        fail(f"{key}={globals()[key]} must be at least 0 and below 1; pass --{key}=VALUE in [0, 1)")
-if not 0.0 <= cutmix_prob <= 1.0:
-    fail(f"cutmix_prob={cutmix_prob} is a probability; pass --cutmix_prob=VALUE in [0, 1]")
-if not learning_rate > 0:
-    fail(f"learning_rate={learning_rate} must be positive; pass e.g. --learning_rate=1e-3")
-if decay_lr and lr_decay_iters <= warmup_iters:  # the cosine runs from warmup_iters to lr_decay_iters
-    fail(f"lr_decay_iters={lr_decay_iters} must be greater than warmup_iters={warmup_iters}; pass "
-         f"--lr_decay_iters={max(max_iters, warmup_iters + 1)} (usually max_iters), a smaller --warmup_iters, "
-         f"or --decay_lr=False")
-if gradient_accumulation_steps % int(os.environ.get('WORLD_SIZE', 1)):
-    fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
-         f"{os.environ['WORLD_SIZE']} processes; pass a multiple of {os.environ['WORLD_SIZE']}")
-if dataset == 'recall' and (recall_pairs > recall_keys or 2 * recall_pairs >= block_size):
-    fail(f"recall_pairs={recall_pairs} must be at most recall_keys={recall_keys} and below block_size/2="
-         f"{block_size / 2:g} (the pairs, then queries); pass a smaller --recall_pairs or a larger --recall_keys "
-         f"or --block_size")
-if dtype not in ('float32', 'bfloat16', 'float16'):
-    fail(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{dtype}'")
-if eval_full and not eval_only:
-    fail("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True --init_from=resume")
-if init_from not in ('scratch', 'resume', 'auto'):
-    fail(f"init_from must be 'scratch', 'resume' or 'auto' (resume if out_dir holds a checkpoint), got '{init_from}'")
-try:
-    device_type = torch.device(device).type
-except RuntimeError:
-    fail(f"device='{device}' is not a device; pass --device=cpu, cuda, cuda:1 or mps")
-if device_type == 'cuda' and not torch.cuda.is_available() or device_type == 'mps' and not torch.backends.mps.is_available():
-    fail(f"device='{device}' is not available on this machine; pass --device=cpu")
-kind = dataset_kind(dataset)
-if hellaswag and kind != 'text':
-    fail(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {dataset}; pass --hellaswag=False")
+kind = dataset_kind(dataset)  # 'text', 'examples' or 'image' (prepare.DATASETS): images train a ViT
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
-# the model: a ViT for images, a GPT otherwise; its settings and every attention layer's own checks run now,
-# before any data is prepared; the sizes from the data come later
+# the model: a ViT for images, a GPT otherwise; the sizes from the data come later
 ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
 model_args = dataclass_values(ModelConfig, globals())
-try:
-    check_attention_layers(ModelConfig(**model_args))
-except ValueError as e:
-    fail(e)
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
