@@ -19,7 +19,6 @@ import os
 import time
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -27,8 +26,7 @@ from tqdm import tqdm
 
 from attention import AttentionConfig
 from checks import check_train_config
-from augment import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, mixup_cutmix, normalize,
-                     one_hot_smooth, random_crop, random_flip)
+from data import Batches
 from model import GPT, GPTConfig
 from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, val_tokens_needed
 from runtime import dataclass_defaults, dataclass_values, load_checkpoint, peak_flops, precision
@@ -115,10 +113,6 @@ try:
 except ValueError as e:
     fail(e)
 kind = dataset_kind(dataset)  # 'text', 'examples' or 'image' (prepare.DATASETS): images train a ViT
-data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
-# the model: a ViT for images, a GPT otherwise; the sizes from the data come later
-ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
-model_args = dataclass_values(ModelConfig, globals())
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
@@ -144,7 +138,8 @@ torch.backends.cudnn.allow_tf32 = True
 device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU runs in float32
 
 # -----------------------------------------------------------------------------
-# data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch
+# data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch (data.py)
+data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
 if master_process:
     try:
         check_dataset_dir(dataset, data_dir)  # a damaged folder, or another dataset's, is never written to
@@ -155,94 +150,18 @@ if ddp:
     dist.barrier()
 try:
     meta, split_rows = check_files(dataset, data_dir)  # every file the size meta.json says
+    batches = Batches(dataset, data_dir, meta, split_rows, block_size, batch_size, device, num_classes=num_classes,
+                      augment=augment, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, cutmix_prob=cutmix_prob,
+                      label_smoothing=label_smoothing)  # images: augmentation of the training batches
+    batches.check_sizes(val_tokens_needed(config))  # every split holds a whole batch row
 except ValueError as e:
     fail(e)
-if kind == 'image':
-    if num_classes and num_classes != meta['num_classes']:
-        fail(f"num_classes={num_classes} but {data_dir} holds {meta['num_classes']} classes ({meta['dataset']}); "
-             f"set num_classes=0 to take it from the data, or check dataset and data_dir")
-    model_args['num_classes'] = meta['num_classes']
-    # the whole dataset lives on the device as uint8 (CIFAR: 180 MB); a batch is an index into it
-    images = {split: tuple(torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_{name}.npy'))).to(device)
-                           for name in 'xy') for split in ('train', 'val')}
-    image_stats = (CIFAR100_MEAN, CIFAR100_STD) if dataset == 'cifar100' else (CIFAR10_MEAN, CIFAR10_STD)
-else:
-    model_args['vocab_size'] = meta['vocab_size'] if meta['encoding'] != 'gpt2' else 50304  # 50257 padded for speed
-
-
-def image_batch(split, ix, augment_seed=None):
-    """Rows ix as normalised images (B, 3, 32, 32) and labels (B,). A training batch (augment_seed given) is
-    augmented on the device; with MixUp/CutMix or label smoothing its labels become soft targets (B, K)."""
-    x, y = (t[ix.to(device)] for t in images[split])  # (B, 32, 32, 3) uint8, (B,)
-    if augment_seed is None:
-        return normalize(x, *image_stats), y
-    generator = torch.Generator(device).manual_seed(augment_seed)
-    if augment:
-        x = random_flip(random_crop(x, 4, generator), generator)
-    x = normalize(x, *image_stats)
-    if mixup_alpha > 0 or cutmix_alpha > 0 or label_smoothing > 0:
-        y = one_hot_smooth(y, model_args['num_classes'], label_smoothing)
-        x, y = mixup_cutmix(x, y, mixup_alpha, cutmix_alpha, cutmix_prob, generator)
-    return x, y
-
-
-def load_batch(split, ix, augment_seed=None):
-    """Rows ix of a split as (x, y) on the device; y is -1 where there is nothing to predict."""
-    if kind == 'image':
-        return image_batch(split, ix, augment_seed)
-    if kind == 'text':
-        # a fresh memmap per batch, as nanoGPT does, avoids a memory leak over long runs
-        data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
-        x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
-    else:
-        rows = np.sort(ix.numpy())  # sorted reads from the memmap; the order within a batch does not matter
-        x = torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_x.npy'), mmap_mode='r')[rows].astype(np.int64))
-        y = torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_y.npy'), mmap_mode='r')[rows].astype(np.int64))
-    if device_type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-def too_little_data(split):
-    """What to pass when a split holds no whole batch row, never advice that leads back to the same data."""
-    if kind != 'text':
-        return f"{data_dir} holds no {split} examples: it is damaged; delete it to prepare it again"
-    have = f"{data_dir}/{split}.bin holds {split_rows[split]:,} tokens, fewer than block_size + 1 = {block_size + 1}"
-    if split == 'val' and 'val_every' in meta and meta.get('val_first', 0) < val_tokens_needed(config):  # web text
-        return (f"{have}: it was prepared for a smaller run; pass --data_dir=ANOTHER_FOLDER (or delete this one) "
-                f"and train.py prepares it again, its first {val_tokens_needed(config):,} tokens in val")
-    return (f"{have}, and all of its source is in it: pass a smaller --block_size, or a larger --data_source with "
-            f"--data_dir=ANOTHER_FOLDER")
-
-
-sizes = {split: n - block_size if kind == 'text' else n for split, n in split_rows.items()}  # distinct batch rows
-for split in ('train', 'val'):
-    if sizes[split] < 1:
-        fail(too_little_data(split))
-
-
-def iteration_rows(split, generator, steps):
-    """The (rows, augmentation seed) of each micro-batch of one optimizer step for this process: every process
-    draws the same global batch from the same generator and takes its own micro-batches, so N processes see
-    what one process would see. Only images draw seeds (after the rows: text batches are as they always were)."""
-    n = ddp_world_size * steps
-    ix = torch.randint(sizes[split], (n, batch_size), generator=generator)
-    seeds = torch.randint(2 ** 62, (n,), generator=generator).tolist() if kind == 'image' else [None] * n
-    mine = slice(ddp_rank * steps, (ddp_rank + 1) * steps)
-    return list(zip(ix[mine], seeds[mine]))
-
-
 train_generator = torch.Generator().manual_seed(seed)  # its state is the data position; checkpointed
 
 # -----------------------------------------------------------------------------
-# model: a GPT or a ViT (Model and ModelConfig chosen by the kind of data, above)
-
-
-def build_model(model_args):
-    return Model(ModelConfig(**model_args))
-
-
+# model init: a ViT for images, a GPT otherwise; its number of classes or its vocabulary from the data
+ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
+model_args = dataclass_values(ModelConfig, globals(), **batches.model_sizes)
 iter_num, best_val_loss, checkpoint, saved_iter = 0, 1e9, None, None  # saved_iter: what this run's ckpt.pt holds
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 if init_from == 'auto':  # what a restarted torchrun worker needs: go on from the checkpoint if there is one
@@ -265,7 +184,7 @@ if init_from == 'resume':
              f"--max_iters={iter_num} or more to go on from it, or use a new out_dir")
     print(f"resuming from {ckpt_path} at iteration {iter_num}") if master_process else None
 try:
-    model = build_model(model_args)
+    model = Model(ModelConfig(**model_args))
 except ValueError as e:
     fail(e)
 if checkpoint is not None:
@@ -309,10 +228,11 @@ def estimate_loss():
     out = {}
     model.eval()
     for split in ('train', 'val'):
-        rows = torch.randint(sizes[split], (eval_iters, batch_size), generator=torch.Generator().manual_seed(seed + 1))
+        generator = torch.Generator().manual_seed(seed + 1)
+        rows = torch.randint(batches.sizes[split], (eval_iters, batch_size), generator=generator)
         loss_sum, correct, counted = 0.0, 0, 0
         for ix in rows[ddp_rank::ddp_world_size]:
-            X, Y = load_batch(split, ix)
+            X, Y = batches.load_batch(split, ix)
             with ctx:
                 logits, loss = model(X, Y)
             loss_sum += loss.item()
@@ -327,22 +247,17 @@ def estimate_loss():
 
 @torch.no_grad()
 def evaluate_full():
-    """One exact pass over the whole val split, every example once: text in consecutive non-overlapping windows of
-    block_size tokens (the last partial window left out), recall and images row by row. Loss summed per target and
-    divided by their count (so batch size does not matter); accuracy where the task has one."""
+    """One exact pass over the whole val split, every example once (text: every block_size window; see
+    Batches.full_split_starts). Loss summed per target and divided by their count (so batch size does not matter);
+    accuracy where the task has one."""
     model.eval()
-    if kind == 'text':
-        starts = torch.arange(0, split_rows['val'] - block_size, block_size)  # window i+1..i+T must exist for y
-    else:
-        starts = torch.arange(split_rows['val'])
-    batches = list(starts.split(batch_size))
+    starts = batches.full_split_starts('val')
     loss_sum, correct, counted = 0.0, 0, 0
-    for ix in batches[ddp_rank::ddp_world_size]:
-        X, Y = load_batch('val', ix)
+    for ix in list(starts.split(batch_size))[ddp_rank::ddp_world_size]:
+        X, Y = batches.load_batch('val', ix)
         with ctx:
             logits, _ = model(X, Y)
-        logits = logits.float().view(-1, logits.size(-1))
-        Y = Y.reshape(-1)
+        logits, Y = logits.float().view(-1, logits.size(-1)), Y.reshape(-1)  # (B*T, V) and (B*T,); images (B, K)
         loss_sum += torch.nn.functional.cross_entropy(logits, Y, ignore_index=-1, reduction='sum').item()
         answered = Y != -1
         correct += (logits.argmax(-1) == Y)[answered].sum().item()
@@ -462,7 +377,6 @@ has_accuracy = kind != 'text'
 if eval_full:
     result = evaluate_full()
     if master_process:
-        unit = 'tokens' if kind == 'text' else 'examples'
         acc = f", val acc {result['val_acc']:.4f}" if has_accuracy else ''
         print(f"full val split at iteration {iter_num}: val loss {result['val_loss']:.4f}{acc} over "
               f"{result['examples']:,} {'windows' if kind == 'text' else 'examples'} ({result['targets']:,} targets)")
@@ -507,8 +421,9 @@ while True:
         break
 
     # forward backward update, with gradient accumulation; gradients are all-reduced on the last micro-step only
-    for micro_step, (ix, augment_seed) in enumerate(iteration_rows('train', train_generator, local_accum_steps)):
-        X, Y = load_batch('train', ix, augment_seed)
+    micro_batches = batches.iteration_rows(train_generator, local_accum_steps, ddp_rank, ddp_world_size)
+    for micro_step, (ix, augment_seed) in enumerate(micro_batches):
+        X, Y = batches.load_batch('train', ix, augment_seed)
         sync = ddp and micro_step == local_accum_steps - 1
         with (model.no_sync() if ddp and not sync else nullcontext()), ctx:
             logits, loss = model(X, Y)
