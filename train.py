@@ -25,11 +25,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from attention import AttentionConfig
+from checkpoint import (MetricsLog, check_resumable, kept, load_checkpoint, restore_rng_states, rng_states,
+                        save_checkpoint)
 from checks import check_train_config
 from data import Batches
 from model import GPT, GPTConfig
 from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, val_tokens_needed
-from runtime import dataclass_defaults, dataclass_values, load_checkpoint, peak_flops, precision
+from runtime import all_sum, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -170,18 +172,12 @@ if init_from == 'resume':
     if not os.path.exists(ckpt_path):
         fail(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use init_from='scratch'")
     checkpoint = load_checkpoint(ckpt_path, device)
-    theirs = checkpoint['model_args']
-    differ = [f"{k}={theirs.get(k)!r} (this run: {v!r})" for k, v in model_args.items() if theirs.get(k) != v]
-    if checkpoint['config'].get('dataset') != dataset:
-        differ.append(f"dataset={checkpoint['config'].get('dataset')!r} (this run: {dataset!r})")
-    if differ:
-        fail(f"checkpoint {ckpt_path} is from another config: {', '.join(differ)}; "
-             f"resume with the settings it was trained with, or use a new out_dir")
+    try:
+        check_resumable(checkpoint, ckpt_path, model_args, dataset, max_iters)  # this model and data, not past the end
+    except ValueError as e:
+        fail(e)
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
     saved_iter = iter_num
-    if iter_num > max_iters:
-        fail(f"checkpoint {ckpt_path} is at iteration {iter_num}, past max_iters={max_iters}; pass "
-             f"--max_iters={iter_num} or more to go on from it, or use a new out_dir")
     print(f"resuming from {ckpt_path} at iteration {iter_num}") if master_process else None
 try:
     model = Model(ModelConfig(**model_args))
@@ -196,13 +192,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint['optimizer'])
-    # RNG states must be CPU ByteTensors; load_checkpoint mapped every tensor to `device`
-    train_generator.set_state(checkpoint['data_rng'].cpu())
-    rng = checkpoint['rng']
-    if len(rng) == ddp_world_size:  # each process continues its own dropout stream
-        torch.set_rng_state(rng[ddp_rank]['cpu'].cpu())
-        if device_type == 'cuda' and rng[ddp_rank]['cuda'] is not None:
-            torch.cuda.set_rng_state(rng[ddp_rank]['cuda'].cpu())
+    train_generator.set_state(checkpoint['data_rng'].cpu())  # a CPU ByteTensor; load_checkpoint mapped it to device
+    restore_rng_states(checkpoint['rng'], ddp_rank, ddp_world_size, device_type)  # each process's dropout stream
 checkpoint = None  # free memory
 
 if compile and device_type == 'cuda':
@@ -210,15 +201,6 @@ if compile and device_type == 'cuda':
     model = torch.compile(model)
 if ddp:
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
-
-
-def all_sum(*values):
-    """Sums of floats over all processes."""
-    if not ddp:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
 
 
 @torch.no_grad()
@@ -239,7 +221,7 @@ def estimate_loss():
             answered = Y != -1
             correct += (logits.argmax(-1) == Y)[answered].sum().item()
             counted += answered.sum().item()
-        loss_sum, correct, counted = all_sum(loss_sum, correct, counted)
+        loss_sum, correct, counted = all_sum((loss_sum, correct, counted), device)
         out[split], out[split + '_acc'] = loss_sum / eval_iters, correct / max(counted, 1)
     model.train()
     return out
@@ -262,7 +244,7 @@ def evaluate_full():
         answered = Y != -1
         correct += (logits.argmax(-1) == Y)[answered].sum().item()
         counted += answered.sum().item()
-    loss_sum, correct, counted = all_sum(loss_sum, correct, counted)
+    loss_sum, correct, counted = all_sum((loss_sum, correct, counted), device)
     model.train()
     return {'val_loss': loss_sum / counted, 'val_acc': correct / counted, 'examples': len(starts),
             'targets': int(counted)}
@@ -284,41 +266,7 @@ def get_lr(it):
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def rng_state():
-    state = {'cpu': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
-    if not ddp:
-        return [state]
-    states = [None] * ddp_world_size
-    dist.all_gather_object(states, {k: (v.cpu() if v is not None else None) for k, v in state.items()})
-    return states
-
-
-def save_checkpoint():
-    """Write out_dir/ckpt.pt atomically: a temporary file, then a rename, so a crash never leaves half a file."""
-    states = rng_state()  # every process takes part
-    if not master_process:
-        return
-    checkpoint = {
-        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
-        'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config, 'meta': meta,
-        'rng': states, 'data_rng': train_generator.get_state(),
-    }
-    print(f"saving checkpoint to {out_dir}")
-    torch.save(checkpoint, ckpt_path + '.tmp')
-    os.replace(ckpt_path + '.tmp', ckpt_path)
-
-
-def kept():
-    """What a stop can truthfully say about the checkpoint on disk."""
-    if saved_iter is not None:
-        return f"the last good checkpoint, iteration {saved_iter}, is kept in {ckpt_path}"
-    earlier = f" ({ckpt_path} is from an earlier run)" if os.path.exists(ckpt_path) else ''
-    return f"this run wrote no checkpoint yet{earlier}"
-
-
 gpu_peak_flops = peak_flops(device)
-
-
 if hellaswag:
     if meta.get('encoding') != 'gpt2':
         fail(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {dataset}")
@@ -332,44 +280,12 @@ if hellaswag:
     except (OSError, RuntimeError, ValueError) as e:
         fail(e)
 
-# -----------------------------------------------------------------------------
-# the metrics log: out_dir/log.jsonl, one JSON object a line ('train' every log_interval, 'eval' every evaluation).
-# A resumed run first drops every record from the checkpoint's iteration on (written after that checkpoint by a run
-# that then died, and about to be written again), so after any kill each iteration appears once.
-log_path = os.path.join(out_dir, 'log.jsonl')
-
-
-def start_log():
-    if eval_only:  # a measurement of a checkpoint, not training: the log stays as it is
-        return
-    kept_lines = []
-    if saved_iter is not None and os.path.exists(log_path):  # resumed from the checkpoint of iteration saved_iter
-        with open(log_path) as f:
-            for line in f:
-                try:
-                    if json.loads(line)['iter'] < saved_iter:
-                        kept_lines.append(line if line.endswith('\n') else line + '\n')
-                except (ValueError, KeyError, TypeError):
-                    pass  # a line cut short by a kill mid-write
-    with open(log_path + '.tmp', 'w') as f:
-        f.writelines(kept_lines)
-    os.replace(log_path + '.tmp', log_path)
-
-
-def write_log(record):
-    if eval_only or not master_process:
-        return
-    with open(log_path, 'a') as f:
-        f.write(json.dumps(record) + '\n')
-    if wandb_log:
-        wandb.log(record, step=record['iter'])
-
-
-if master_process:
-    start_log()
-    if wandb_log:
-        import wandb
-        wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+# logging: out_dir/log.jsonl on rank 0, trimmed back to the checkpoint on resume (checkpoint.MetricsLog), and wandb;
+# eval_only measures a checkpoint, it is not training: the log stays as it is
+metrics = MetricsLog(out_dir, saved_iter, wandb_log) if master_process and not eval_only else None
+if master_process and wandb_log:
+    import wandb
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
 # -----------------------------------------------------------------------------
 # training loop
@@ -405,17 +321,27 @@ while True:
             for name, stats in layer_stats(raw_model):
                 log(f"  {name}: " + ', '.join(f"{k} {v.float().mean():.3f}" for k, v in stats.items()))
             record = {'type': 'eval', 'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']}
-            write_log({**record, 'val_acc': losses['val_acc']} if has_accuracy else record)
+            if metrics:  # None with eval_only
+                metrics.write({**record, 'val_acc': losses['val_acc']} if has_accuracy else record)
         if not math.isfinite(losses['val']):
-            fail(f"val loss is {losses['val']} at iteration {iter_num}; {kept()}; lower learning_rate or check the data")
+            fail(f"val loss is {losses['val']} at iteration {iter_num}; {kept(saved_iter, ckpt_path)}; lower "
+                 f"learning_rate or check the data")
         if losses['val'] < best_val_loss or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter:
-                save_checkpoint()
+                rng = rng_states(device_type)  # every process takes part
+                if master_process:
+                    checkpoint = {
+                        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
+                        'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config, 'meta': meta,
+                        'rng': rng, 'data_rng': train_generator.get_state(),
+                    }
+                    print(f"saving checkpoint to {out_dir}")
+                    save_checkpoint(checkpoint, ckpt_path)
                 saved_iter = iter_num
         if hellaswag:
-            correct, total = all_sum(*hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
-                                                              ddp_world_size, ctx))
+            correct, total = all_sum(hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
+                                                             ddp_world_size, ctx), device)
             log(f"hellaswag acc_norm {correct / total:.4f}") if master_process else None
     if eval_only:
         break
@@ -443,8 +369,8 @@ while True:
     if iter_num % log_interval == 0:
         lossf = loss.item() * local_accum_steps  # a CPU-GPU sync point; the last micro-step's loss
         if not math.isfinite(lossf):
-            fail(f"loss is {lossf} at iteration {iter_num}; stopped: {kept()}; lower learning_rate, or raise "
-                 f"warmup_iters or grad_clip")
+            fail(f"loss is {lossf} at iteration {iter_num}; stopped: {kept(saved_iter, ckpt_path)}; lower "
+                 f"learning_rate, or raise warmup_iters or grad_clip")
         if master_process:
             rate = f"{samples_per_iter / dt:,.0f} images/s" if kind == 'image' else f"{tokens_per_iter / dt:,.0f} tok/s"
             extra = f", {rate}"
@@ -453,9 +379,9 @@ while True:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
                 extra += f", mfu {running_mfu * 100:.2f}%"
             log(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms{extra}")
-            write_log({'type': 'train', 'iter': iter_num, 'loss': lossf, 'lr': lr, 'time_ms': dt * 1000,
-                       ('images_per_s' if kind == 'image' else 'tokens_per_s'): samples_per_iter / dt *
-                       (1 if kind == 'image' else block_size)})
+            metrics.write({'type': 'train', 'iter': iter_num, 'loss': lossf, 'lr': lr, 'time_ms': dt * 1000,
+                           ('images_per_s' if kind == 'image' else 'tokens_per_s'): samples_per_iter / dt *
+                           (1 if kind == 'image' else block_size)})
     iter_num += 1
     progress.update(1)
     if iter_num > max_iters:
