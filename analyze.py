@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from augment import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, normalize
 from model import GPT, GPTConfig
 from prepare import check_files, dataset_kind, read_meta, recorded_dataset
-from runtime import load_checkpoint
+from checkpoint import load_checkpoint
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from runtime import load_checkpoint
+from checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-shakespeare-char'   # a softmax GPT trained by train.py on a text dataset

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from checkpoint import load_checkpoint
 from model import GPT, GPTConfig
-from runtime import load_checkpoint, precision
+from runtime import precision
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'

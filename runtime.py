@@ -1,11 +1,12 @@
 """
 What train.py, sample.py and bench.py share, written once: config keys from the model dataclasses, checking them,
-the device's precision and autocast, and reading a checkpoint.
+the device's precision and autocast, its peak FLOP/s, and sums over DDP processes.
 """
 from contextlib import nullcontext
 from dataclasses import fields
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from attention import build_attention
@@ -47,20 +48,18 @@ def precision(device, dtype):
     return device_type, ptdtype, torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 
-def load_checkpoint(path, device, hint="check out_dir"):
-    """The checkpoint dict at `path`, or SystemExit with one `error:` line that says what to do."""
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except FileNotFoundError:
-        raise SystemExit(f"error: no checkpoint at {path}; {hint}")
-    except Exception as e:
-        raise SystemExit(f"error: cannot read checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                         f"it is corrupt or not ours: delete it, or point out_dir elsewhere")
-
-
 def peak_flops(device):
     """Dense bf16 peak of this GPU in FLOP/s, for MFU; None where unknown (CPU)."""
     if 'cuda' not in device:
         return None
     name = torch.cuda.get_device_name(device)
     return next((f for key, f in (('H200', 989e12), ('H100', 989e12), ('A100', 312e12)) if key in name), None)
+
+
+def all_sum(values, device):
+    """Sums of floats over all DDP processes (as they are without DDP)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()

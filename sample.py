@@ -12,9 +12,10 @@ import time
 
 import torch
 
+from checkpoint import load_checkpoint
 from model import GPT, GPTConfig
 from prepare.recall import make_examples
-from runtime import load_checkpoint, precision
+from runtime import precision
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'

@@ -19,20 +19,19 @@ import os
 import time
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from attention import AttentionConfig, check_attention_name
-from augment import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, mixup_cutmix, normalize,
-                     one_hot_smooth, random_crop, random_flip)
+from attention import AttentionConfig
+from checkpoint import (MetricsLog, check_resumable, kept, load_checkpoint, restore_rng_states, rng_states,
+                        save_checkpoint)
+from checks import check_train_config
+from data import Batches
 from model import GPT, GPTConfig
-from prepare import (check_dataset_dir, check_dataset_name, check_files, dataset_kind, prepare_dataset,
-                     val_tokens_needed)
-from runtime import (check_attention_layers, dataclass_defaults, dataclass_values, load_checkpoint, peak_flops,
-                     precision)
+from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, val_tokens_needed
+from runtime import all_sum, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -112,60 +111,10 @@ def fail(msg):
 
 # check every setting before any work is done: each bad value ends in one `error:` line that names it and the fix
 try:
-    check_attention_name(attention)
-    check_dataset_name(dataset)
+    check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)))
 except ValueError as e:
     fail(e)
-for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval', 'log_interval',
-            'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs'):  # sizes and intervals
-    if globals()[key] < 1:
-        fail(f"{key}={globals()[key]} must be at least 1; pass --{key}=1 or more")
-for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'num_classes', 'min_lr', 'weight_decay',
-            'grad_clip', 'mixup_alpha', 'cutmix_alpha'):
-    if globals()[key] < 0:
-        fail(f"{key}={globals()[key]} must not be negative; pass --{key}=0 or more")
-for key in ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing'):  # probabilities and decay rates
-    if not 0.0 <= globals()[key] < 1.0:
-        fail(f"{key}={globals()[key]} must be at least 0 and below 1; pass --{key}=VALUE in [0, 1)")
-if not 0.0 <= cutmix_prob <= 1.0:
-    fail(f"cutmix_prob={cutmix_prob} is a probability; pass --cutmix_prob=VALUE in [0, 1]")
-if not learning_rate > 0:
-    fail(f"learning_rate={learning_rate} must be positive; pass e.g. --learning_rate=1e-3")
-if decay_lr and lr_decay_iters <= warmup_iters:  # the cosine runs from warmup_iters to lr_decay_iters
-    fail(f"lr_decay_iters={lr_decay_iters} must be greater than warmup_iters={warmup_iters}; pass "
-         f"--lr_decay_iters={max(max_iters, warmup_iters + 1)} (usually max_iters), a smaller --warmup_iters, "
-         f"or --decay_lr=False")
-if gradient_accumulation_steps % int(os.environ.get('WORLD_SIZE', 1)):
-    fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
-         f"{os.environ['WORLD_SIZE']} processes; pass a multiple of {os.environ['WORLD_SIZE']}")
-if dataset == 'recall' and (recall_pairs > recall_keys or 2 * recall_pairs >= block_size):
-    fail(f"recall_pairs={recall_pairs} must be at most recall_keys={recall_keys} and below block_size/2="
-         f"{block_size / 2:g} (the pairs, then queries); pass a smaller --recall_pairs or a larger --recall_keys "
-         f"or --block_size")
-if dtype not in ('float32', 'bfloat16', 'float16'):
-    fail(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{dtype}'")
-if eval_full and not eval_only:
-    fail("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True --init_from=resume")
-if init_from not in ('scratch', 'resume', 'auto'):
-    fail(f"init_from must be 'scratch', 'resume' or 'auto' (resume if out_dir holds a checkpoint), got '{init_from}'")
-try:
-    device_type = torch.device(device).type
-except RuntimeError:
-    fail(f"device='{device}' is not a device; pass --device=cpu, cuda, cuda:1 or mps")
-if device_type == 'cuda' and not torch.cuda.is_available() or device_type == 'mps' and not torch.backends.mps.is_available():
-    fail(f"device='{device}' is not available on this machine; pass --device=cpu")
-kind = dataset_kind(dataset)
-if hellaswag and kind != 'text':
-    fail(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {dataset}; pass --hellaswag=False")
-data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
-# the model: a ViT for images, a GPT otherwise; its settings and every attention layer's own checks run now,
-# before any data is prepared; the sizes from the data come later
-ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
-model_args = dataclass_values(ModelConfig, globals())
-try:
-    check_attention_layers(ModelConfig(**model_args))
-except ValueError as e:
-    fail(e)
+kind = dataset_kind(dataset)  # 'text', 'examples' or 'image' (prepare.DATASETS): images train a ViT
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
@@ -191,7 +140,8 @@ torch.backends.cudnn.allow_tf32 = True
 device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU runs in float32
 
 # -----------------------------------------------------------------------------
-# data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch
+# data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch (data.py)
+data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
 if master_process:
     try:
         check_dataset_dir(dataset, data_dir)  # a damaged folder, or another dataset's, is never written to
@@ -202,94 +152,18 @@ if ddp:
     dist.barrier()
 try:
     meta, split_rows = check_files(dataset, data_dir)  # every file the size meta.json says
+    batches = Batches(dataset, data_dir, meta, split_rows, block_size, batch_size, device, num_classes=num_classes,
+                      augment=augment, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, cutmix_prob=cutmix_prob,
+                      label_smoothing=label_smoothing)  # images: augmentation of the training batches
+    batches.check_sizes(val_tokens_needed(config))  # every split holds a whole batch row
 except ValueError as e:
     fail(e)
-if kind == 'image':
-    if num_classes and num_classes != meta['num_classes']:
-        fail(f"num_classes={num_classes} but {data_dir} holds {meta['num_classes']} classes ({meta['dataset']}); "
-             f"set num_classes=0 to take it from the data, or check dataset and data_dir")
-    model_args['num_classes'] = meta['num_classes']
-    # the whole dataset lives on the device as uint8 (CIFAR: 180 MB); a batch is an index into it
-    images = {split: tuple(torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_{name}.npy'))).to(device)
-                           for name in 'xy') for split in ('train', 'val')}
-    image_stats = (CIFAR100_MEAN, CIFAR100_STD) if dataset == 'cifar100' else (CIFAR10_MEAN, CIFAR10_STD)
-else:
-    model_args['vocab_size'] = meta['vocab_size'] if meta['encoding'] != 'gpt2' else 50304  # 50257 padded for speed
-
-
-def image_batch(split, ix, augment_seed=None):
-    """Rows ix as normalised images (B, 3, 32, 32) and labels (B,). A training batch (augment_seed given) is
-    augmented on the device; with MixUp/CutMix or label smoothing its labels become soft targets (B, K)."""
-    x, y = (t[ix.to(device)] for t in images[split])  # (B, 32, 32, 3) uint8, (B,)
-    if augment_seed is None:
-        return normalize(x, *image_stats), y
-    generator = torch.Generator(device).manual_seed(augment_seed)
-    if augment:
-        x = random_flip(random_crop(x, 4, generator), generator)
-    x = normalize(x, *image_stats)
-    if mixup_alpha > 0 or cutmix_alpha > 0 or label_smoothing > 0:
-        y = one_hot_smooth(y, model_args['num_classes'], label_smoothing)
-        x, y = mixup_cutmix(x, y, mixup_alpha, cutmix_alpha, cutmix_prob, generator)
-    return x, y
-
-
-def load_batch(split, ix, augment_seed=None):
-    """Rows ix of a split as (x, y) on the device; y is -1 where there is nothing to predict."""
-    if kind == 'image':
-        return image_batch(split, ix, augment_seed)
-    if kind == 'text':
-        # a fresh memmap per batch, as nanoGPT does, avoids a memory leak over long runs
-        data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
-        x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
-    else:
-        rows = np.sort(ix.numpy())  # sorted reads from the memmap; the order within a batch does not matter
-        x = torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_x.npy'), mmap_mode='r')[rows].astype(np.int64))
-        y = torch.from_numpy(np.load(os.path.join(data_dir, f'{split}_y.npy'), mmap_mode='r')[rows].astype(np.int64))
-    if device_type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-def too_little_data(split):
-    """What to pass when a split holds no whole batch row, never advice that leads back to the same data."""
-    if kind != 'text':
-        return f"{data_dir} holds no {split} examples: it is damaged; delete it to prepare it again"
-    have = f"{data_dir}/{split}.bin holds {split_rows[split]:,} tokens, fewer than block_size + 1 = {block_size + 1}"
-    if split == 'val' and 'val_every' in meta and meta.get('val_first', 0) < val_tokens_needed(config):  # web text
-        return (f"{have}: it was prepared for a smaller run; pass --data_dir=ANOTHER_FOLDER (or delete this one) "
-                f"and train.py prepares it again, its first {val_tokens_needed(config):,} tokens in val")
-    return (f"{have}, and all of its source is in it: pass a smaller --block_size, or a larger --data_source with "
-            f"--data_dir=ANOTHER_FOLDER")
-
-
-sizes = {split: n - block_size if kind == 'text' else n for split, n in split_rows.items()}  # distinct batch rows
-for split in ('train', 'val'):
-    if sizes[split] < 1:
-        fail(too_little_data(split))
-
-
-def iteration_rows(split, generator, steps):
-    """The (rows, augmentation seed) of each micro-batch of one optimizer step for this process: every process
-    draws the same global batch from the same generator and takes its own micro-batches, so N processes see
-    what one process would see. Only images draw seeds (after the rows: text batches are as they always were)."""
-    n = ddp_world_size * steps
-    ix = torch.randint(sizes[split], (n, batch_size), generator=generator)
-    seeds = torch.randint(2 ** 62, (n,), generator=generator).tolist() if kind == 'image' else [None] * n
-    mine = slice(ddp_rank * steps, (ddp_rank + 1) * steps)
-    return list(zip(ix[mine], seeds[mine]))
-
-
 train_generator = torch.Generator().manual_seed(seed)  # its state is the data position; checkpointed
 
 # -----------------------------------------------------------------------------
-# model: a GPT or a ViT (Model and ModelConfig chosen by the kind of data, above)
-
-
-def build_model(model_args):
-    return Model(ModelConfig(**model_args))
-
-
+# model init: a ViT for images, a GPT otherwise; its number of classes or its vocabulary from the data
+ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
+model_args = dataclass_values(ModelConfig, globals(), **batches.model_sizes)
 iter_num, best_val_loss, checkpoint, saved_iter = 0, 1e9, None, None  # saved_iter: what this run's ckpt.pt holds
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 if init_from == 'auto':  # what a restarted torchrun worker needs: go on from the checkpoint if there is one
@@ -298,21 +172,15 @@ if init_from == 'resume':
     if not os.path.exists(ckpt_path):
         fail(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use init_from='scratch'")
     checkpoint = load_checkpoint(ckpt_path, device)
-    theirs = checkpoint['model_args']
-    differ = [f"{k}={theirs.get(k)!r} (this run: {v!r})" for k, v in model_args.items() if theirs.get(k) != v]
-    if checkpoint['config'].get('dataset') != dataset:
-        differ.append(f"dataset={checkpoint['config'].get('dataset')!r} (this run: {dataset!r})")
-    if differ:
-        fail(f"checkpoint {ckpt_path} is from another config: {', '.join(differ)}; "
-             f"resume with the settings it was trained with, or use a new out_dir")
+    try:
+        check_resumable(checkpoint, ckpt_path, model_args, dataset, max_iters)  # this model and data, not past the end
+    except ValueError as e:
+        fail(e)
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
     saved_iter = iter_num
-    if iter_num > max_iters:
-        fail(f"checkpoint {ckpt_path} is at iteration {iter_num}, past max_iters={max_iters}; pass "
-             f"--max_iters={iter_num} or more to go on from it, or use a new out_dir")
     print(f"resuming from {ckpt_path} at iteration {iter_num}") if master_process else None
 try:
-    model = build_model(model_args)
+    model = Model(ModelConfig(**model_args))
 except ValueError as e:
     fail(e)
 if checkpoint is not None:
@@ -324,13 +192,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint['optimizer'])
-    # RNG states must be CPU ByteTensors; load_checkpoint mapped every tensor to `device`
-    train_generator.set_state(checkpoint['data_rng'].cpu())
-    rng = checkpoint['rng']
-    if len(rng) == ddp_world_size:  # each process continues its own dropout stream
-        torch.set_rng_state(rng[ddp_rank]['cpu'].cpu())
-        if device_type == 'cuda' and rng[ddp_rank]['cuda'] is not None:
-            torch.cuda.set_rng_state(rng[ddp_rank]['cuda'].cpu())
+    train_generator.set_state(checkpoint['data_rng'].cpu())  # a CPU ByteTensor; load_checkpoint mapped it to device
+    restore_rng_states(checkpoint['rng'], ddp_rank, ddp_world_size, device_type)  # each process's dropout stream
 checkpoint = None  # free memory
 
 if compile and device_type == 'cuda':
@@ -340,15 +203,6 @@ if ddp:
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 
 
-def all_sum(*values):
-    """Sums of floats over all processes."""
-    if not ddp:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
 @torch.no_grad()
 def estimate_loss():
     """Mean loss (and accuracy, where the task has one) over eval_iters batches per split, shared out among the
@@ -356,17 +210,18 @@ def estimate_loss():
     out = {}
     model.eval()
     for split in ('train', 'val'):
-        rows = torch.randint(sizes[split], (eval_iters, batch_size), generator=torch.Generator().manual_seed(seed + 1))
+        generator = torch.Generator().manual_seed(seed + 1)
+        rows = torch.randint(batches.sizes[split], (eval_iters, batch_size), generator=generator)
         loss_sum, correct, counted = 0.0, 0, 0
         for ix in rows[ddp_rank::ddp_world_size]:
-            X, Y = load_batch(split, ix)
+            X, Y = batches.load_batch(split, ix)
             with ctx:
                 logits, loss = model(X, Y)
             loss_sum += loss.item()
             answered = Y != -1
             correct += (logits.argmax(-1) == Y)[answered].sum().item()
             counted += answered.sum().item()
-        loss_sum, correct, counted = all_sum(loss_sum, correct, counted)
+        loss_sum, correct, counted = all_sum((loss_sum, correct, counted), device)
         out[split], out[split + '_acc'] = loss_sum / eval_iters, correct / max(counted, 1)
     model.train()
     return out
@@ -374,27 +229,22 @@ def estimate_loss():
 
 @torch.no_grad()
 def evaluate_full():
-    """One exact pass over the whole val split, every example once: text in consecutive non-overlapping windows of
-    block_size tokens (the last partial window left out), recall and images row by row. Loss summed per target and
-    divided by their count (so batch size does not matter); accuracy where the task has one."""
+    """One exact pass over the whole val split, every example once (text: every block_size window; see
+    Batches.full_split_starts). Loss summed per target and divided by their count (so batch size does not matter);
+    accuracy where the task has one."""
     model.eval()
-    if kind == 'text':
-        starts = torch.arange(0, split_rows['val'] - block_size, block_size)  # window i+1..i+T must exist for y
-    else:
-        starts = torch.arange(split_rows['val'])
-    batches = list(starts.split(batch_size))
+    starts = batches.full_split_starts('val')
     loss_sum, correct, counted = 0.0, 0, 0
-    for ix in batches[ddp_rank::ddp_world_size]:
-        X, Y = load_batch('val', ix)
+    for ix in list(starts.split(batch_size))[ddp_rank::ddp_world_size]:
+        X, Y = batches.load_batch('val', ix)
         with ctx:
             logits, _ = model(X, Y)
-        logits = logits.float().view(-1, logits.size(-1))
-        Y = Y.reshape(-1)
+        logits, Y = logits.float().view(-1, logits.size(-1)), Y.reshape(-1)  # (B*T, V) and (B*T,); images (B, K)
         loss_sum += torch.nn.functional.cross_entropy(logits, Y, ignore_index=-1, reduction='sum').item()
         answered = Y != -1
         correct += (logits.argmax(-1) == Y)[answered].sum().item()
         counted += answered.sum().item()
-    loss_sum, correct, counted = all_sum(loss_sum, correct, counted)
+    loss_sum, correct, counted = all_sum((loss_sum, correct, counted), device)
     model.train()
     return {'val_loss': loss_sum / counted, 'val_acc': correct / counted, 'examples': len(starts),
             'targets': int(counted)}
@@ -416,41 +266,7 @@ def get_lr(it):
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def rng_state():
-    state = {'cpu': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
-    if not ddp:
-        return [state]
-    states = [None] * ddp_world_size
-    dist.all_gather_object(states, {k: (v.cpu() if v is not None else None) for k, v in state.items()})
-    return states
-
-
-def save_checkpoint():
-    """Write out_dir/ckpt.pt atomically: a temporary file, then a rename, so a crash never leaves half a file."""
-    states = rng_state()  # every process takes part
-    if not master_process:
-        return
-    checkpoint = {
-        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
-        'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config, 'meta': meta,
-        'rng': states, 'data_rng': train_generator.get_state(),
-    }
-    print(f"saving checkpoint to {out_dir}")
-    torch.save(checkpoint, ckpt_path + '.tmp')
-    os.replace(ckpt_path + '.tmp', ckpt_path)
-
-
-def kept():
-    """What a stop can truthfully say about the checkpoint on disk."""
-    if saved_iter is not None:
-        return f"the last good checkpoint, iteration {saved_iter}, is kept in {ckpt_path}"
-    earlier = f" ({ckpt_path} is from an earlier run)" if os.path.exists(ckpt_path) else ''
-    return f"this run wrote no checkpoint yet{earlier}"
-
-
 gpu_peak_flops = peak_flops(device)
-
-
 if hellaswag:
     if meta.get('encoding') != 'gpt2':
         fail(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {dataset}")
@@ -464,44 +280,12 @@ if hellaswag:
     except (OSError, RuntimeError, ValueError) as e:
         fail(e)
 
-# -----------------------------------------------------------------------------
-# the metrics log: out_dir/log.jsonl, one JSON object a line ('train' every log_interval, 'eval' every evaluation).
-# A resumed run first drops every record from the checkpoint's iteration on (written after that checkpoint by a run
-# that then died, and about to be written again), so after any kill each iteration appears once.
-log_path = os.path.join(out_dir, 'log.jsonl')
-
-
-def start_log():
-    if eval_only:  # a measurement of a checkpoint, not training: the log stays as it is
-        return
-    kept_lines = []
-    if saved_iter is not None and os.path.exists(log_path):  # resumed from the checkpoint of iteration saved_iter
-        with open(log_path) as f:
-            for line in f:
-                try:
-                    if json.loads(line)['iter'] < saved_iter:
-                        kept_lines.append(line if line.endswith('\n') else line + '\n')
-                except (ValueError, KeyError, TypeError):
-                    pass  # a line cut short by a kill mid-write
-    with open(log_path + '.tmp', 'w') as f:
-        f.writelines(kept_lines)
-    os.replace(log_path + '.tmp', log_path)
-
-
-def write_log(record):
-    if eval_only or not master_process:
-        return
-    with open(log_path, 'a') as f:
-        f.write(json.dumps(record) + '\n')
-    if wandb_log:
-        wandb.log(record, step=record['iter'])
-
-
-if master_process:
-    start_log()
-    if wandb_log:
-        import wandb
-        wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+# logging: out_dir/log.jsonl on rank 0, trimmed back to the checkpoint on resume (checkpoint.MetricsLog), and wandb;
+# eval_only measures a checkpoint, it is not training: the log stays as it is
+metrics = MetricsLog(out_dir, saved_iter, wandb_log) if master_process and not eval_only else None
+if master_process and wandb_log:
+    import wandb
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
 # -----------------------------------------------------------------------------
 # training loop
@@ -509,7 +293,6 @@ has_accuracy = kind != 'text'
 if eval_full:
     result = evaluate_full()
     if master_process:
-        unit = 'tokens' if kind == 'text' else 'examples'
         acc = f", val acc {result['val_acc']:.4f}" if has_accuracy else ''
         print(f"full val split at iteration {iter_num}: val loss {result['val_loss']:.4f}{acc} over "
               f"{result['examples']:,} {'windows' if kind == 'text' else 'examples'} ({result['targets']:,} targets)")
@@ -538,24 +321,35 @@ while True:
             for name, stats in layer_stats(raw_model):
                 log(f"  {name}: " + ', '.join(f"{k} {v.float().mean():.3f}" for k, v in stats.items()))
             record = {'type': 'eval', 'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']}
-            write_log({**record, 'val_acc': losses['val_acc']} if has_accuracy else record)
+            if metrics:  # None with eval_only
+                metrics.write({**record, 'val_acc': losses['val_acc']} if has_accuracy else record)
         if not math.isfinite(losses['val']):
-            fail(f"val loss is {losses['val']} at iteration {iter_num}; {kept()}; lower learning_rate or check the data")
+            fail(f"val loss is {losses['val']} at iteration {iter_num}; {kept(saved_iter, ckpt_path)}; lower "
+                 f"learning_rate or check the data")
         if losses['val'] < best_val_loss or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter:
-                save_checkpoint()
+                rng = rng_states(device_type)  # every process takes part
+                if master_process:
+                    checkpoint = {
+                        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
+                        'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config, 'meta': meta,
+                        'rng': rng, 'data_rng': train_generator.get_state(),
+                    }
+                    print(f"saving checkpoint to {out_dir}")
+                    save_checkpoint(checkpoint, ckpt_path)
                 saved_iter = iter_num
         if hellaswag:
-            correct, total = all_sum(*hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
-                                                              ddp_world_size, ctx))
+            correct, total = all_sum(hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
+                                                             ddp_world_size, ctx), device)
             log(f"hellaswag acc_norm {correct / total:.4f}") if master_process else None
     if eval_only:
         break
 
     # forward backward update, with gradient accumulation; gradients are all-reduced on the last micro-step only
-    for micro_step, (ix, augment_seed) in enumerate(iteration_rows('train', train_generator, local_accum_steps)):
-        X, Y = load_batch('train', ix, augment_seed)
+    micro_batches = batches.iteration_rows(train_generator, local_accum_steps, ddp_rank, ddp_world_size)
+    for micro_step, (ix, augment_seed) in enumerate(micro_batches):
+        X, Y = batches.load_batch('train', ix, augment_seed)
         sync = ddp and micro_step == local_accum_steps - 1
         with (model.no_sync() if ddp and not sync else nullcontext()), ctx:
             logits, loss = model(X, Y)
@@ -575,8 +369,8 @@ while True:
     if iter_num % log_interval == 0:
         lossf = loss.item() * local_accum_steps  # a CPU-GPU sync point; the last micro-step's loss
         if not math.isfinite(lossf):
-            fail(f"loss is {lossf} at iteration {iter_num}; stopped: {kept()}; lower learning_rate, or raise "
-                 f"warmup_iters or grad_clip")
+            fail(f"loss is {lossf} at iteration {iter_num}; stopped: {kept(saved_iter, ckpt_path)}; lower "
+                 f"learning_rate, or raise warmup_iters or grad_clip")
         if master_process:
             rate = f"{samples_per_iter / dt:,.0f} images/s" if kind == 'image' else f"{tokens_per_iter / dt:,.0f} tok/s"
             extra = f", {rate}"
@@ -585,9 +379,9 @@ while True:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
                 extra += f", mfu {running_mfu * 100:.2f}%"
             log(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms{extra}")
-            write_log({'type': 'train', 'iter': iter_num, 'loss': lossf, 'lr': lr, 'time_ms': dt * 1000,
-                       ('images_per_s' if kind == 'image' else 'tokens_per_s'): samples_per_iter / dt *
-                       (1 if kind == 'image' else block_size)})
+            metrics.write({'type': 'train', 'iter': iter_num, 'loss': lossf, 'lr': lr, 'time_ms': dt * 1000,
+                           ('images_per_s' if kind == 'image' else 'tokens_per_s'): samples_per_iter / dt *
+                           (1 if kind == 'image' else block_size)})
     iter_num += 1
     progress.update(1)
     if iter_num > max_iters:

@@ -1,0 +1,80 @@
+"""
+train.py's settings, checked before any work is done (no folder made, no data prepared): a bad value is a ValueError
+whose message names the key and the fix, and train.py prints it as its one `error:` line. The checks run in the
+order below, which is the order of precedence: when two settings are wrong, the earlier check names its own.
+"""
+import torch
+
+from attention import check_attention_name
+from model import GPTConfig
+from prepare import check_dataset_name, dataset_kind
+from runtime import check_attention_layers, dataclass_values
+from vit import ViTConfig
+
+AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
+                'log_interval', 'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs')  # sizes and intervals
+NOT_NEGATIVE = ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'num_classes', 'min_lr', 'weight_decay',
+                'grad_clip', 'mixup_alpha', 'cutmix_alpha')
+BELOW_ONE = ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing')  # probabilities and decay rates, in [0, 1)
+
+
+def check_train_config(config, world_size=1):
+    """ValueError naming the first bad setting in `config` (train.py's config keys and their values) for a run of
+    world_size processes; the model's own settings, and every attention layer's, are checked last."""
+    c = config
+    check_attention_name(c['attention'])
+    check_dataset_name(c['dataset'])
+    for key in AT_LEAST_ONE:
+        if c[key] < 1:
+            raise ValueError(f"{key}={c[key]} must be at least 1; pass --{key}=1 or more")
+    for key in NOT_NEGATIVE:
+        if c[key] < 0:
+            raise ValueError(f"{key}={c[key]} must not be negative; pass --{key}=0 or more")
+    for key in BELOW_ONE:
+        if not 0.0 <= c[key] < 1.0:
+            raise ValueError(f"{key}={c[key]} must be at least 0 and below 1; pass --{key}=VALUE in [0, 1)")
+    if not 0.0 <= c['cutmix_prob'] <= 1.0:
+        raise ValueError(f"cutmix_prob={c['cutmix_prob']} is a probability; pass --cutmix_prob=VALUE in [0, 1]")
+    if not c['learning_rate'] > 0:
+        raise ValueError(f"learning_rate={c['learning_rate']} must be positive; pass e.g. --learning_rate=1e-3")
+    warmup, decay = c['warmup_iters'], c['lr_decay_iters']
+    if c['decay_lr'] and decay <= warmup:  # the cosine runs from warmup_iters to lr_decay_iters
+        raise ValueError(f"lr_decay_iters={decay} must be greater than warmup_iters={warmup}; pass "
+                         f"--lr_decay_iters={max(c['max_iters'], warmup + 1)} (usually max_iters), a smaller "
+                         f"--warmup_iters, or --decay_lr=False")
+    if c['gradient_accumulation_steps'] % world_size:
+        raise ValueError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of the "
+                         f"{world_size} processes; pass a multiple of {world_size}")
+    pairs, keys, block_size = c['recall_pairs'], c['recall_keys'], c['block_size']
+    if c['dataset'] == 'recall' and (pairs > keys or 2 * pairs >= block_size):
+        raise ValueError(f"recall_pairs={pairs} must be at most recall_keys={keys} and below block_size/2="
+                         f"{block_size / 2:g} (the pairs, then queries); pass a smaller --recall_pairs or a larger "
+                         f"--recall_keys or --block_size")
+    if c['dtype'] not in ('float32', 'bfloat16', 'float16'):
+        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{c['dtype']}'")
+    if c['eval_full'] and not c['eval_only']:
+        raise ValueError("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True "
+                         "--init_from=resume")
+    if c['init_from'] not in ('scratch', 'resume', 'auto'):
+        raise ValueError(f"init_from must be 'scratch', 'resume' or 'auto' (resume if out_dir holds a checkpoint), "
+                         f"got '{c['init_from']}'")
+    check_device(c['device'])
+    kind = dataset_kind(c['dataset'])
+    if c['hellaswag'] and kind != 'text':
+        raise ValueError(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {c['dataset']}; "
+                         f"pass --hellaswag=False")
+    # the model (a ViT for images, a GPT otherwise) checks its settings as it is configured, and every attention
+    # layer its own as it is built; the sizes the data gives (vocab_size, num_classes) are checked later
+    ModelConfig = ViTConfig if kind == 'image' else GPTConfig
+    check_attention_layers(ModelConfig(**dataclass_values(ModelConfig, c)))
+
+
+def check_device(device):
+    """ValueError unless `device` names a device this machine has."""
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"device='{device}' is not a device; pass --device=cpu, cuda, cuda:1 or mps") from None
+    if device_type == 'cuda' and not torch.cuda.is_available() or \
+            device_type == 'mps' and not torch.backends.mps.is_available():
+        raise ValueError(f"device='{device}' is not available on this machine; pass --device=cpu")
