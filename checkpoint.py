@@ -9,16 +9,24 @@ import os
 import torch
 import torch.distributed as dist
 
+from attention import RENAMED_KEYS
+
 
 def load_checkpoint(path, device, hint="check out_dir"):
-    """The checkpoint dict at `path`, or SystemExit with one `error:` line that says what to do."""
+    """The checkpoint dict at `path`, or SystemExit with one `error:` line that says what to do. A checkpoint written
+    before a config key was renamed (attention.RENAMED_KEYS) reads as if written with the new name."""
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise SystemExit(f"error: no checkpoint at {path}; {hint}")
     except Exception as e:
         raise SystemExit(f"error: cannot read checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
                          f"it is corrupt or not ours: delete it, or point out_dir elsewhere")
+    for settings in (checkpoint.get('model_args', {}), checkpoint.get('config', {})):
+        for old, new in RENAMED_KEYS.items():
+            if old in settings:
+                settings[new] = settings.pop(old)
+    return checkpoint
 
 
 def save_checkpoint(checkpoint, path):

@@ -119,11 +119,13 @@ def attention_reports(model, *inputs):
               if isinstance(m, Attention) and type(m).report is not Attention.report]
     if not layers:
         return []
-    inputs_seen = {}
+    inputs_seen, was_training = {}, model.training
     hooks = [m.register_forward_pre_hook(lambda m, args: inputs_seen.setdefault(m, args[0])) for _, m in layers]
     try:
+        model.eval()  # no dropout: the layers see what an evaluation sees
         model(*inputs)
     finally:
+        model.train(was_training)
         for hook in hooks:
             hook.remove()
     reports = [(name, m.report(*m.project(inputs_seen[m]))) for name, m in layers if m in inputs_seen]

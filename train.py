@@ -29,7 +29,7 @@ from checkpoint import (MetricsLog, check_resumable, kept, load_checkpoint, rest
                         save_checkpoint)
 from checks import check_train_config
 from data import Batches
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, attention_reports
 from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, val_tokens_needed
 from runtime import all_sum, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
@@ -96,7 +96,7 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'  # or 'cpu', 'cuda:1', '
 dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float32'  # CUDA autocast
 compile = True              # torch.compile the model (CUDA only)
 seed = 1337                 # model init, dropout and batches
-# every attention variant's own keys (window, ...) are config keys too, with the variant's defaults
+# every attention rule's own keys (window, ...) are config keys too, with the rule's defaults
 globals().update(dataclass_defaults(AttentionConfig, globals()))
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
@@ -206,8 +206,9 @@ if ddp:
 @torch.no_grad()
 def estimate_loss():
     """Mean loss (and accuracy, where the task has one) over eval_iters batches per split, shared out among the
-    processes. The batches are the same at every evaluation (a fixed generator): curves compare without noise."""
-    out = {}
+    processes, and this process's last val batch. The batches are the same at every evaluation (a fixed
+    generator): curves compare without noise."""
+    out, X = {}, None
     model.eval()
     for split in ('train', 'val'):
         generator = torch.Generator().manual_seed(seed + 1)
@@ -224,7 +225,7 @@ def estimate_loss():
         loss_sum, correct, counted = all_sum((loss_sum, correct, counted), device)
         out[split], out[split + '_acc'] = loss_sum / eval_iters, correct / max(counted, 1)
     model.train()
-    return out
+    return out, X
 
 
 @torch.no_grad()
@@ -248,12 +249,6 @@ def evaluate_full():
     model.train()
     return {'val_loss': loss_sum / counted, 'val_acc': correct / counted, 'examples': len(starts),
             'targets': int(counted)}
-
-
-def layer_stats(model):
-    """[(module name, stats)] of the attention rules that report on themselves (Attention.stats, set in eval
-    mode; the last evaluation batch's), e.g. cluster usage. Printed as means over heads."""
-    return [(name, m.stats) for name, m in model.named_modules() if getattr(m, 'stats', None)]
 
 
 def get_lr(it):
@@ -314,12 +309,14 @@ while True:
 
     # evaluate the loss on train/val sets and write checkpoints; the last iteration is always evaluated
     if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
-        losses = estimate_loss()
+        losses, last_val_batch = estimate_loss()
         if master_process:
             acc = f", val acc {losses['val_acc']:.4f}" if has_accuracy else ''
             log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{acc}")
-            for name, stats in layer_stats(raw_model):
-                log(f"  {name}: " + ', '.join(f"{k} {v.float().mean():.3f}" for k, v in stats.items()))
+            with ctx:  # what a rule reports on itself (cluster usage), per layer, as means over heads
+                reports = attention_reports(raw_model, last_val_batch)
+            for name, report in reports:
+                log(f"  {name}: " + ', '.join(f"{k} {v.float().mean():.3f}" for k, v in report.items()))
             record = {'type': 'eval', 'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']}
             if metrics:  # None with eval_only
                 metrics.write({**record, 'val_acc': losses['val_acc']} if has_accuracy else record)

@@ -80,6 +80,23 @@ def test_bad_config_is_one_clear_line(args, message, tmp_path):
     assert 'Traceback' not in log
 
 
+def test_a_renamed_key_stops_naming_the_new_one_and_an_old_checkpoint_loads(tmp_path):
+    log = run_script('train.py', '--cluster_block=8', f'--out_dir={tmp_path}', check=False)
+    assert 'config error: cluster_block is now called cluster_chunk (in --cluster_block); pass --cluster_chunk=8' in log
+    assert 'Traceback' not in log
+    # a checkpoint written before the renames: its settings read with the new names, and its model builds
+    from checkpoint import load_checkpoint
+    from model import GPT, GPTConfig
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11, attention='cluster', cluster_m=4)
+    old = GPT(GPTConfig(**args, cluster_chunk=8))
+    torch.save({'model': old.state_dict(), 'model_args': {**args, 'cluster_block': 8, 'tda_chunk': 99},
+                'config': {'cluster_block': 8}}, tmp_path / 'ckpt.pt')
+    checkpoint = load_checkpoint(str(tmp_path / 'ckpt.pt'), 'cpu')
+    assert checkpoint['model_args']['cluster_chunk'] == 8 and checkpoint['model_args']['tda_chunk_weights'] == 99
+    assert 'cluster_block' not in checkpoint['model_args'] and checkpoint['config'] == {'cluster_chunk': 8}
+    GPT(GPTConfig(**checkpoint['model_args'])).load_state_dict(checkpoint['model'])
+
+
 def test_help_lists_every_key_with_its_default(tmp_path):
     log = run_script('train.py', '--help', f'--out_dir={tmp_path}')
     assert log.startswith('usage: python train.py')
