@@ -1,9 +1,11 @@
 """
 Batches of a prepared dataset for train.py, whatever its kind (prepare/__init__.py): 'text' is a uint16 token stream
 read at random offsets, 'examples' are fixed (x, y) rows, 'image' are uint8 images kept on the device and augmented
-there. A batch is named by its rows ix (and a training batch of images by an augmentation seed too), drawn from a
+there, 'pixels' are those images read as sequences of subpixels (raster order, channels side by side: one token each,
+256 values) for an autoregressive image model, which predicts subpixels 2..N from their prefix. A batch is named by its rows ix (and a training batch of images by an augmentation seed too), drawn from a
 generator the caller owns, so a resumed run and N DDP processes read exactly what one uninterrupted run would.
 """
+import math
 import os
 
 import numpy as np
@@ -12,6 +14,11 @@ import torch
 from augment import (CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, mixup_cutmix, normalize,
                      one_hot_smooth, random_crop, random_flip)
 from prepare import dataset_kind
+
+
+def bits_per_dim(loss):
+    """A mean cross-entropy in nats per predicted subpixel, in bits per subpixel (the image models' measure)."""
+    return loss / math.log(2)
 
 
 class Batches:
@@ -36,6 +43,12 @@ class Batches:
                 x, y = (np.load(os.path.join(data_dir, f'{split}_{part}.npy')) for part in 'xy')
                 self.images[split] = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
             self.image_stats = (CIFAR100_MEAN, CIFAR100_STD) if dataset == 'cifar100' else (CIFAR10_MEAN, CIFAR10_STD)
+        if self.kind == 'pixels':
+            self.image_shape = np.load(os.path.join(data_dir, 'val_x.npy'), mmap_mode='r').shape[1:]  # (H, W, C)
+            tokens = int(np.prod(self.image_shape))
+            if block_size != tokens - 1:  # no start token: the first subpixel is read, never predicted
+                raise ValueError(f"block_size={block_size} but {dataset} images are {tokens:,} subpixels, of which a "
+                                 f"model reads the first {tokens - 1:,}; pass --block_size={tokens - 1}")
         # distinct batch rows: a text row is a window of block_size tokens and its targets, one token further
         self.sizes = {split: n - block_size if self.kind == 'text' else n for split, n in split_rows.items()}
 
@@ -44,6 +57,8 @@ class Batches:
         """What the model takes from the data: the classes of images, else the vocabulary."""
         if self.kind == 'image':
             return {'num_classes': self.meta['num_classes']}
+        if self.kind == 'pixels':
+            return {'vocab_size': 256}  # one token per 8-bit subpixel value
         gpt2 = self.meta['encoding'] == 'gpt2'
         return {'vocab_size': 50304 if gpt2 else self.meta['vocab_size']}  # GPT-2's 50257 padded for speed
 
@@ -94,6 +109,11 @@ class Batches:
             T = self.block_size
             x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix.tolist()])  # (B, T)
             y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in ix.tolist()])
+        elif self.kind == 'pixels':
+            rows = np.sort(ix.numpy())  # sorted reads from the memmap (the image dataset's own file)
+            images = np.load(os.path.join(self.data_dir, f'{split}_x.npy'), mmap_mode='r')[rows]  # (B, H, W, C)
+            seq = torch.from_numpy(images.reshape(len(rows), -1).astype(np.int64))  # (B, H*W*C) in raster order
+            x, y = seq[:, :-1], seq[:, 1:]  # (B, T) each, T = H*W*C - 1
         else:
             rows = np.sort(ix.numpy())  # sorted reads from the memmap; the order within a batch does not matter
             x, y = (np.load(os.path.join(self.data_dir, f'{split}_{part}.npy'), mmap_mode='r')[rows] for part in 'xy')

@@ -28,9 +28,9 @@ from attention import AttentionConfig
 from checkpoint import (MetricsLog, check_resumable, kept, load_checkpoint, restore_rng_states, rng_states,
                         save_checkpoint)
 from checks import check_train_config
-from data import Batches
+from data import Batches, bits_per_dim
 from model import GPT, GPTConfig, attention_reports
-from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, val_tokens_needed
+from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, stored_as, val_tokens_needed
 from runtime import all_sum, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
 
@@ -114,7 +114,7 @@ try:
     check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)))
 except ValueError as e:
     fail(e)
-kind = dataset_kind(dataset)  # 'text', 'examples' or 'image' (prepare.DATASETS): images train a ViT
+kind = dataset_kind(dataset)  # 'text', 'examples', 'image' or 'pixels' (prepare.DATASETS): images train a ViT
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
@@ -141,7 +141,7 @@ device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU ru
 
 # -----------------------------------------------------------------------------
 # data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch (data.py)
-data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
+data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', stored_as(dataset))
 if master_process:
     try:
         check_dataset_dir(dataset, data_dir)  # a damaged folder, or another dataset's, is never written to
@@ -284,11 +284,14 @@ if master_process and wandb_log:
 
 # -----------------------------------------------------------------------------
 # training loop
-has_accuracy = kind != 'text'
+has_accuracy = kind not in ('text', 'pixels')
 if eval_full:
     result = evaluate_full()
     if master_process:
         acc = f", val acc {result['val_acc']:.4f}" if has_accuracy else ''
+        if kind == 'pixels':  # every predicted subpixel of the whole test split, each counted once across ranks
+            result['bits_per_dim'] = bits_per_dim(result['val_loss'])
+            acc = f", val bits/dim {result['bits_per_dim']:.4f}"
         print(f"full val split at iteration {iter_num}: val loss {result['val_loss']:.4f}{acc} over "
               f"{result['examples']:,} {'windows' if kind == 'text' else 'examples'} ({result['targets']:,} targets)")
         with open(os.path.join(out_dir, 'eval_full.json'), 'w') as f:
@@ -312,14 +315,17 @@ while True:
         losses, last_val_batch = estimate_loss()
         if master_process:
             acc = f", val acc {losses['val_acc']:.4f}" if has_accuracy else ''
+            acc = f", val bits/dim {bits_per_dim(losses['val']):.4f}" if kind == 'pixels' else acc
             log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{acc}")
             with ctx:  # what a rule reports on itself (cluster usage), per layer, as means over heads
                 reports = attention_reports(raw_model, last_val_batch)
             for name, report in reports:
                 log(f"  {name}: " + ', '.join(f"{k} {v.float().mean():.3f}" for k, v in report.items()))
             record = {'type': 'eval', 'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']}
+            record.update({'val_acc': losses['val_acc']} if has_accuracy else {})
+            record.update({'val_bits_per_dim': bits_per_dim(losses['val'])} if kind == 'pixels' else {})
             if metrics:  # None with eval_only
-                metrics.write({**record, 'val_acc': losses['val_acc']} if has_accuracy else record)
+                metrics.write(record)
         if not math.isfinite(losses['val']):
             fail(f"val loss is {losses['val']} at iteration {iter_num}; {kept(saved_iter, ckpt_path)}; lower "
                  f"learning_rate or check the data")

@@ -2,7 +2,8 @@
 Every dataset train.py knows, in one table: name -> (module in prepare/, kind of data, the prepare()
 arguments a run's config implies). Kinds: 'text' is a uint16 token stream (train.bin, val.bin);
 'examples' are fixed (x, y) pairs ({split}_x.npy, {split}_y.npy); 'image' are uint8 images and labels
-stored the same way. Each module's prepare(data_dir,
+stored the same way; 'pixels' read an image dataset's files (PIXELS_OF: no copy of their own) as sequences of
+subpixels, one token each (data.py). Each module's prepare(data_dir,
 source=None, ...) is idempotent: it returns at once when data_dir already holds what was asked.
 """
 import importlib
@@ -38,7 +39,15 @@ DATASETS = {
     'fineweb_edu': ('fineweb_edu', 'text', _token_budget),
     'cifar10': ('cifar', 'image', lambda cfg: dict(dataset='cifar10')),
     'cifar100': ('cifar', 'image', lambda cfg: dict(dataset='cifar100')),
+    'cifar10_pixels': ('cifar', 'pixels', lambda cfg: dict(dataset='cifar10')),  # autoregressive image models
+    'mnist_pixels': ('cifar', 'pixels', lambda cfg: dict(dataset='mnist')),
 }
+PIXELS_OF = {'cifar10_pixels': 'cifar10', 'mnist_pixels': 'mnist'}  # pixel dataset -> the image dataset it reads
+
+
+def stored_as(name):
+    """The dataset whose folder (data/<it>) and meta.json hold `name`'s files: an image dataset for its pixels."""
+    return PIXELS_OF.get(name, name)
 
 
 def check_dataset_name(name):
@@ -95,7 +104,7 @@ def recorded_dataset(meta, name):
 def check_dataset_dir(name, data_dir):
     """Before preparing: data_dir's meta (None if there is none); ValueError if it is damaged or holds another
     dataset than `name`."""
-    meta = read_meta(data_dir)
+    meta, name = read_meta(data_dir), stored_as(name)
     if meta is not None and (theirs := recorded_dataset(meta, name)) != name:
         raise ValueError(f"{data_dir} holds the dataset {theirs!r}, not {name!r}: pass --data_dir=ANOTHER_FOLDER "
                          f"for {name} (or delete {data_dir} to prepare {name} there)")

@@ -1,9 +1,11 @@
 """
-CIFAR-10 / CIFAR-100 -> uint8 arrays for the image batcher in train.py.
-Writes to data_dir: train_x.npy (N, 32, 32, 3) uint8, train_y.npy (N,) int64, val_x.npy, val_y.npy (val = the
-official test split) and meta.json. Source: the Hugging Face Hub (uoft-cs/cifar10, uoft-cs/cifar100) or a local
-folder with train.parquet and test.parquet in the same schema (columns img + label, or img + fine_label/coarse_label).
+CIFAR-10 / CIFAR-100 / MNIST -> uint8 arrays for the image batcher (ViT) and the pixel sequences (image GPT) in data.py.
+Writes to data_dir: train_x.npy (N, side, side, channels) uint8 (CIFAR 32x32x3, MNIST 28x28x1), train_y.npy (N,)
+int64, val_x.npy, val_y.npy (val = the official test split) and meta.json. Source: the Hugging Face Hub
+(uoft-cs/cifar10, uoft-cs/cifar100, ylecun/mnist) or a local folder with train.parquet and test.parquet in the same
+schema (columns img + label, or img + fine_label/coarse_label; MNIST: image + label).
     python prepare/cifar.py --dataset=cifar100 --source=/path/to/parquet_dir
+    python prepare/cifar.py --dataset=mnist --source=/path/to/parquet_dir
 """
 import argparse
 import io
@@ -15,13 +17,15 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-DATASETS = {'cifar10': 'uoft-cs/cifar10', 'cifar100': 'uoft-cs/cifar100'}  # name -> Hub id
+DATASETS = {'cifar10': 'uoft-cs/cifar10', 'cifar100': 'uoft-cs/cifar100', 'mnist': 'ylecun/mnist'}  # name -> Hub id
+IMAGES = {'cifar10': ('img', 32, 'RGB'), 'cifar100': ('img', 32, 'RGB'), 'mnist': ('image', 28, 'L')}  # column, side, mode
 NUM_CLASSES = {'label': 10, 'fine_label': 100, 'coarse_label': 20}  # used when the parquet carries no class names
 SPLITS = {'train': 'train', 'val': 'test'}  # our name -> split name in the source
 
 def expected_format(dataset, label_col):
+    column, side, _ = IMAGES[dataset]
     return (f"a folder with train.parquet and test.parquet in the {DATASETS[dataset]} schema: "
-            f"column 'img' (image bytes, 32x32) and column '{label_col}' (int class index)")
+            f"column '{column}' (image bytes, {side}x{side}) and column '{label_col}' (int class index)")
 
 def load(dataset, source, label_col):
     import datasets  # here, not at the top: train.py calls prepare() on every start, and this import takes a second
@@ -38,16 +42,16 @@ def load(dataset, source, label_col):
         raise FileNotFoundError(f"missing {', '.join(missing)}; --source must be {expected_format(dataset, label_col)}")
     return datasets.load_dataset('parquet', data_files={split: str(f) for split, f in files.items()})
 
-def decode(split, label_col, desc):
+def decode(split, label_col, desc, column='img', side=32, mode='RGB'):
     import datasets
-    split = split.cast_column('img', datasets.Image(decode=False))  # decode ourselves: faster, and we check sizes
-    x = np.empty((len(split), 32, 32, 3), dtype=np.uint8)
-    images = (img for batch in split.iter(batch_size=1000) for img in batch['img'])  # streams, never all in memory
+    split = split.cast_column(column, datasets.Image(decode=False))  # decode ourselves: faster, and we check sizes
+    x = np.empty((len(split), side, side, len(mode)), dtype=np.uint8)  # 'RGB': 3 channels, 'L' (grey): 1
+    images = (img for batch in split.iter(batch_size=1000) for img in batch[column])  # streams, never all in memory
     for i, img in enumerate(tqdm(images, total=len(split), desc=desc)):
-        im = Image.open(io.BytesIO(img['bytes']) if img['bytes'] else img['path']).convert('RGB')
-        if im.size != (32, 32):
-            raise ValueError(f'{desc}: image {i} is {im.size[0]}x{im.size[1]}, expected 32x32')
-        x[i] = np.asarray(im)
+        im = Image.open(io.BytesIO(img['bytes']) if img['bytes'] else img['path']).convert(mode)
+        if im.size != (side, side):
+            raise ValueError(f'{desc}: image {i} is {im.size[0]}x{im.size[1]}, expected {side}x{side}')
+        x[i] = np.asarray(im).reshape(side, side, len(mode))
     return x, np.asarray(split[label_col], dtype=np.int64)
 
 def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
@@ -55,9 +59,9 @@ def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
     # meta) when data_dir already holds this dataset
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
-    if label not in ('fine', 'coarse') or (dataset == 'cifar10' and label != 'fine'):
-        raise ValueError(f"label={label!r}: 'fine' or 'coarse' for cifar100, 'fine' for cifar10")
-    label_col = 'label' if dataset == 'cifar10' else f'{label}_label'
+    if label not in ('fine', 'coarse') or (dataset != 'cifar100' and label != 'fine'):
+        raise ValueError(f"label={label!r}: 'fine' or 'coarse' for cifar100, 'fine' for {dataset}")
+    label_col = 'label' if dataset != 'cifar100' else f'{label}_label'
     data_dir = Path(data_dir) if data_dir else Path(__file__).resolve().parents[1] / 'data' / dataset
     if (data_dir / 'meta.json').is_file():  # written last, so the arrays are complete: nothing to do
         meta = json.loads((data_dir / 'meta.json').read_text())
@@ -68,7 +72,7 @@ def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
     import datasets
     ds = load(dataset, source, label_col)
     for split in SPLITS.values():
-        if missing := {'img', label_col} - set(ds[split].column_names):
+        if missing := {IMAGES[dataset][0], label_col} - set(ds[split].column_names):
             raise ValueError(f"{split} split has no column(s) {sorted(missing)} (has {ds[split].column_names}); "
                              f"expected {expected_format(dataset, label_col)}")
     feature = ds['train'].features[label_col]
@@ -76,7 +80,7 @@ def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
     num_classes = len(classes) or NUM_CLASSES[label_col]
     arrays, counts = {}, {}
     for name, split in SPLITS.items():
-        x, y = decode(ds[split], label_col, desc=f'{dataset} {split}')
+        x, y = decode(ds[split], label_col, f'{dataset} {split}', *IMAGES[dataset])
         if len(y) and (y.min() < 0 or y.max() >= num_classes):
             raise ValueError(f'{split} labels span [{y.min()}, {y.max()}], expected [0, {num_classes})')
         arrays[f'{name}_x'], arrays[f'{name}_y'], counts[name] = x, y, len(y)
