@@ -1,0 +1,8 @@
+# Krause ARM on MNIST (issue 22): config/arm_mnist_softmax.py with Krause attention, window 128, top-k 96.
+# python train.py config/arm_mnist_krause.py
+exec(open('config/arm_mnist_softmax.py').read())
+out_dir = 'out-arm-mnist-krause'
+attention = 'krause'
+krause_window = 128
+krause_topk = 96
+krause_sigma = 2.5
