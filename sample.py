@@ -6,14 +6,23 @@ $ python sample.py --start=FILE:prompt.txt
 
 On a recall checkpoint (the default `python train.py`), with no --start, it shows recall episodes instead: the
 pairs, the queries, the model's answers beside the truth, and the accuracy.
+
+On an image checkpoint (a 'pixels' dataset, issue 22) it draws num_samples images, `batch` at a time, with the KV
+cache, writes them as a PNG grid (--png, default out_dir/samples.png), and prints images/s (a warm-up left out, the
+device synchronised) and the MiB the caches hold; --complete=True gives the top half of the first num_samples test
+images as prompts and writes originals and completions side by side (out_dir/completions.png):
+$ python sample.py --out_dir=out-arm-cifar10-cpu-krause --num_samples=16 --batch=16 --temperature=1.0 --top_k=0
 """
 import os
 import time
 
+import numpy as np
 import torch
 
 from checkpoint import load_checkpoint
+from images import cache_mib, png_grid, timed_draw, to_images
 from model import GPT, GPTConfig
+from prepare import dataset_kind, stored_as
 from prepare.recall import make_examples
 from runtime import precision
 
@@ -23,7 +32,11 @@ start = "\n"              # or "<|endoftext|>" or etc. Can also specify a file, 
 num_samples = 10          # number of samples to draw (recall: episodes to show)
 max_new_tokens = 500      # number of tokens generated in each sample
 temperature = 0.8         # 1.0 = no change, < 1.0 = less random, > 1.0 = more random, in predictions
-top_k = 200               # retain only the top_k most likely tokens, clamp others to have 0 probability
+top_k = 200               # retain only the top_k most likely tokens, clamp others to have 0 probability; 0: all
+batch = 16                # images: sequences drawn at once
+complete = False          # images: complete the top half of test images (originals beside completions)
+png = ''                  # images: where the grid goes; default out_dir/samples.png or completions.png
+data_dir = ''             # images, --complete: the prepared dataset; default the checkpoint's, else data/<dataset>
 use_cache = True          # KV cache (prefill, then one token at a time); False: recompute the context per token
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -96,14 +109,42 @@ def recall_episodes(model, task, shown, device, seed, n=1000):
 
 def load_gpt(ckpt_path, device):
     checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
-    if checkpoint['meta'].get('kind') == 'image':
+    pixels = dataset_kind(checkpoint['config']['dataset']) == 'pixels' if 'config' in checkpoint else False
+    if checkpoint['meta'].get('kind') == 'image' and not pixels:
         raise SystemExit(f"error: {ckpt_path} holds a ViT image classifier ({checkpoint['config']['dataset']}); "
                          f"sample.py generates text from a GPT. Evaluate it with train.py and the config it was "
                          f"trained with, e.g.: python train.py config/softmax_vit.py "
                          f"--out_dir={os.path.dirname(ckpt_path)} --init_from=resume --eval_only=True")
     model = GPT(GPTConfig(**checkpoint['model_args']))
     model.load_state_dict(checkpoint['model'])
-    return model, checkpoint['meta']
+    return model, {**checkpoint['meta'], 'pixels': pixels, 'config': checkpoint.get('config', {})}
+
+
+def sample_images(model, meta, device):
+    """Draw (or complete) num_samples images with the cache; write the PNG grid; print images/s and cache MiB."""
+    config = meta['config']
+    folder = data_dir or config.get('data_dir') or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
+                                                                 stored_as(config['dataset']))
+    try:
+        test = np.load(os.path.join(folder, 'val_x.npy'), mmap_mode='r')  # (N, H, W, C): the test split
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: cannot read the prepared {config['dataset']} test images in {folder} ({e}); "
+                         f"pass --data_dir=DIR of the prepared dataset")
+    shape, tokens = test.shape[1:], int(np.prod(test.shape[1:]))
+    prompts = None
+    if complete:  # the top half of each of the first num_samples test images: its first H/2 rows
+        originals = torch.from_numpy(test[:num_samples].reshape(num_samples, -1).astype(np.int64)).to(device)
+        prompts = originals[:, :shape[0] // 2 * shape[1] * shape[2]]
+    seqs, images_per_s, seconds = timed_draw(model, num_samples, batch, tokens, temperature, top_k, prompts, use_cache)
+    path = png or os.path.join(out_dir, 'completions.png' if complete else 'samples.png')
+    images = to_images(seqs, shape)
+    if complete:  # rows of originals and completions, side by side: original, completion, original, ...
+        images = np.stack([to_images(originals, shape), images], 1).reshape(-1, *shape)
+    png_grid(images, path)
+    mib = cache_mib(model, batch, tokens - 1) if use_cache else 0.0
+    print(f"{num_samples} images of {tokens:,} subpixels ({'completed' if complete else 'drawn'}, batch {batch}, "
+          f"{config['attention']}) in {seconds:.2f} s: {images_per_s:.3f} images/s; caches hold {mib:.1f} MiB at the "
+          f"last subpixel; wrote {path}")
 
 
 if __name__ == '__main__':
@@ -112,6 +153,10 @@ if __name__ == '__main__':
     device_type, ptdtype, ctx = precision(device, dtype)
     model, meta = load_gpt(os.path.join(out_dir, 'ckpt.pt'), device)
     model.eval().to(device)
+    if meta['pixels']:
+        with ctx:
+            sample_images(model, meta, device)
+        raise SystemExit(0)
     if 'task' in meta and start == '\n':  # a recall model and no prompt: show what it learned
         recall_episodes(model, meta['task'], num_samples, device, seed)
         raise SystemExit(0)
