@@ -263,17 +263,22 @@ class KrauseAttention(Attention):
 
     def rbf_terms(self, q, k):
         """q/σ² and the per-key bias -||k||²/(2σ²), so that score = (q/σ²)·k + bias: (B, H, T, D), (B, H, T)."""
-        inv_var = torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head
-        return q * inv_var, -0.5 * (k * k).sum(-1) * inv_var[..., 0]
+        return q * self.inv_var(), self.key_bias(k)
+
+    def inv_var(self):
+        return torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head, (1, H, 1, 1)
+
+    def key_bias(self, k):  # (B, H, T, D) -> (B, H, T): -||k||²/(2σ²)
+        return -0.5 * (k * k).sum(-1) * self.inv_var()[..., 0]
 
     def topk_softmax(self, scores, mask, reachable=None):
         """Attention weights and each row's top-k boundary (..., 1) from fresh RBF scores and the neighbourhood
-        mask: the top k of each row (chosen among `reachable(scores)`, a view of the slots a row can reach, if
-        given), softmax, dropout. Out-of-place fills: as fast and as small here as in-place ones under no_grad,
+        mask (None: every key visible): the top k of each row (chosen among `reachable(scores)`, a view of the slots
+        a row can reach, if given), softmax, dropout. Out-of-place fills: as fast and as small here as in-place ones under no_grad,
         which torch.compile's inductor fails on (KeyError 'buf1', torch 2.13). The boundary carries no gradient:
         it sits halfway between a row's k-th and (k+1)-th score (topk_boundary), so flex, which rounds the scores
         its own way, keeps the same keys."""
-        scores = scores.masked_fill(~mask, float('-inf'))
+        scores = scores if mask is None else scores.masked_fill(~mask, float('-inf'))
         boundary = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
         scores = scores.masked_fill(scores < boundary, float('-inf'))
         return F.dropout(scores.softmax(-1), self.dropout, self.training), boundary
@@ -332,15 +337,14 @@ class KrauseAttention(Attention):
             raise ValueError("the 2-D (ViT) Krause form does not generate; a cache is for the causal GPT form")
         return KVCache(self.krause_window)
 
-    def fill(self, cache, q, k, v):
-        cache.append(k, v)
+    def fill(self, cache, q, k, v):  # each key's bias goes in the ring beside it: computed once, not W times
+        cache.append(k, v, self.key_bias(k).unsqueeze(-1))
 
     def decode(self, q, k, v, cache):  # (B, H, 1, D): the top k of the (up to W) keys the ring holds
-        cache.append(k, v)
-        keys, values = cache.tensors()                                             # (B, H, n <= W, D)
-        q_scaled, key_bias = self.rbf_terms(q, keys)
-        scores = q_scaled @ keys.transpose(-1, -2) + key_bias.unsqueeze(-2)         # (B, H, 1, n)
-        weights, _ = self.topk_softmax(scores, torch.ones((), dtype=torch.bool, device=q.device))
+        cache.append(k, v, self.key_bias(k).unsqueeze(-1))
+        keys, values, key_bias = cache.tensors()                       # (B, H, n <= W, D), (B, H, n, D), (B, H, n, 1)
+        scores = (q * self.inv_var()) @ keys.transpose(-1, -2) + key_bias.transpose(-1, -2)  # (B, H, 1, n)
+        weights, _ = self.topk_softmax(scores, None)  # every key the ring holds is visible
         return weights @ values
 
 
@@ -364,8 +368,13 @@ def topk_boundary(x, k):
     """(..., n) -> (..., 1), no gradient: halfway between the k-th and the (k+1)-th largest value along the last
     dim, so the top k are exactly the values at or above it (a tie at the k-th keeps all of it). A row with k or
     fewer finite values gives -inf: keep them all."""
-    if k >= x.size(-1):
+    n = x.size(-1)
+    if k >= n:
         return x.new_full((*x.shape[:-1], 1), float('-inf'))
+    if x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64):  # one selection finds both
+        with torch.no_grad():
+            both = np.partition(x.detach().numpy(), (n - k - 1, n - k), axis=-1)
+        return (torch.from_numpy(both[..., n - k:n - k + 1]) + torch.from_numpy(both[..., n - k - 1:n - k])) / 2
     return (kth_largest(x, k) + kth_largest(x, k + 1)) / 2
 
 

@@ -15,6 +15,12 @@ Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's reside
 GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside full softmax in the same run:
 $ python bench.py --mode=generate --attention=krause --krause_window=32 --pos_emb=rope --n_layer=6 --n_embd=384 \
       --n_head=6 --vocab_size=65 --seq_lens=1024,4096,16384
+
+--mode=images: autoregressive image sampling (issue 22): `batch` images of image_tokens subpixels each (vocab 256,
+first subpixel uniform) drawn with GPT.generate and each rule's cache, random weights; images/s (warm-up left out,
+synchronised) and the MiB the caches hold at the last subpixel, for the rule beside full softmax in the same run:
+$ python bench.py --mode=images --attention=krause --krause_window=256 --krause_topk=192 --n_layer=2 --n_embd=128 \
+      --n_head=4 --batch=64 --image_tokens=3072 --device=cpu
 """
 import ctypes
 import json
@@ -29,7 +35,7 @@ from model import GPT, GPTConfig
 from runtime import DTYPES, dataclass_defaults, dataclass_values, peak_flops, precision
 
 # -----------------------------------------------------------------------------
-mode = 'attention'          # 'attention' (the rule alone), 'model' (a whole GPT train step) or 'generate' (decode)
+mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'generate' (decode), 'images'
 seq_lens = '1024,4096,8192'
 batch = 1
 n_head = 8
@@ -37,6 +43,7 @@ n_embd = 512                # 8 heads x 64 dims
 n_layer = 12                # model and generate modes
 vocab_size = 50304          # generate mode (model mode: always 50304)
 decode_tokens = 16          # generate mode: new tokens per timed run
+image_tokens = 3072         # images mode: subpixels per image (CIFAR-10 3,072, MNIST 784)
 dense = False               # also time the rule's dense reference form, where it has one
 backward = True             # forward+backward; flex on CPU is always forward only
 repeats = 5
@@ -232,6 +239,36 @@ def bench_generate():
             report({**row, 'vs_softmax': row['ms'] / rows[0]['ms']})
 
 
-if mode not in ('attention', 'model', 'generate'):
-    raise SystemExit(f"error: mode must be 'attention', 'model' or 'generate', got '{mode}'")
-{'attention': bench_attention, 'model': bench_model, 'generate': bench_generate}[mode]()
+@torch.no_grad()
+def bench_images():
+    from images import cache_mib, timed_draw
+    rules = [dict(attention='softmax', window=0, krause_mix=False)]
+    if attention != 'softmax' or window:
+        rules.append({})
+    rows = []
+    for overrides in rules:
+        torch.manual_seed(seed)
+        cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=256, dropout=0.0,
+                                           block_size=image_tokens - 1, **overrides))
+        model = GPT(cfg).to(device, ptdtype).eval()
+        with precision(device, dtype)[2]:
+            _, images_per_s, seconds = timed_draw(model, batch, batch, image_tokens, temperature=1.0)
+        name = cfg.attention + (f" W={cfg.krause_window} k={cfg.krause_topk}" if cfg.attention == 'krause' else
+                                f" W={cfg.window}" if cfg.window else '')
+        rows.append(dict(attention=name, path='images', T=image_tokens, batch=batch, device=device, dtype=dtype,
+                         ms=seconds * 1000, images_per_s=images_per_s,
+                         peak_mib=cache_mib(model, batch, image_tokens - 1)))
+        del model
+    for row in rows:  # peak_mib: what the caches hold at the last subpixel
+        row['vs_softmax'] = row['images_per_s'] / rows[0]['images_per_s']
+        if json_out:
+            print(json.dumps(row))
+        else:
+            print(f"{row['attention']:>18s} T={row['T']} batch {row['batch']}: {row['images_per_s']:8.3f} images/s "
+                  f"({row['ms'] / 1000:.1f} s)  x{row['vs_softmax']:.2f} softmax's images/s  cache "
+                  f"{row['peak_mib']:.1f} MiB")
+
+
+if mode not in ('attention', 'model', 'generate', 'images'):
+    raise SystemExit(f"error: mode must be 'attention', 'model', 'generate' or 'images', got '{mode}'")
+{'attention': bench_attention, 'model': bench_model, 'generate': bench_generate, 'images': bench_images}[mode]()

@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from conftest import ROOT, rule_cases, run_script
+from attention import ATTENTION
+from conftest import rule_cases, run_script
 from data import Batches, bits_per_dim
+from images import draw
 from model import GPT, GPTConfig
 from prepare import check_files, cifar
 
@@ -101,3 +103,35 @@ def test_bits_per_dim_exact(pixel_dir, tmp_path):
     torch.save(ckpt, out / 'ckpt.pt')
     flat, _ = eval_full(out, pixel_dir)
     assert flat['bits_per_dim'] == pytest.approx(8.0, abs=1e-6) and bits_per_dim(math.log(256)) == 8.0
+
+
+# every rule on 4x4 RGB images (48 subpixels), windows and chunks small enough to be crossed several times
+PIXEL_MODEL = dict(n_layer=2, n_head=2, n_embd=16, block_size=47, vocab_size=256, bias=False, pos_emb='learned',
+                   krause_window=8, krause_topk=4, cluster_chunk=8, cluster_m=4, tda_beta=0.5)
+CASES = [dict(attention=name) for name in ATTENTION] + [dict(attention='krause', krause_mix=True),
+                                                       dict(attention='softmax', window=8)]
+
+
+@pytest.mark.parametrize('kw', rule_cases(CASES, 'has_cache'))
+def test_cached_image_sampling_equals_uncached(kw):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**PIXEL_MODEL, **kw})).double().eval()
+    torch.manual_seed(1)  # the first subpixels, uniform
+    cached = draw(model, 3, 2, 48, temperature=0)
+    torch.manual_seed(1)
+    assert torch.equal(cached, draw(model, 3, 2, 48, temperature=0, use_cache=False)) and cached.shape == (3, 48)
+
+
+def test_sample_py_draws_and_completes_images(pixel_dir, tmp_path):
+    out = tmp_path / 'out'
+    run_script('train.py', *TINY, f'--data_dir={pixel_dir}', f'--out_dir={out}', '--max_iters=1', '--eval_interval=1')
+    log = run_script('sample.py', f'--out_dir={out}', '--num_samples=3', '--batch=2', '--device=cpu', '--top_k=0')
+    assert '3 images of 48 subpixels (drawn, batch 2, softmax)' in log and 'images/s' in log and 'MiB' in log
+    assert np.asarray(Image.open(out / 'samples.png')).shape == (2 + 1 * 6, 2 + 8 * 6, 3)  # one row of 4x4 + 2 pad
+    run_script('sample.py', f'--out_dir={out}', '--num_samples=2', '--batch=2', '--device=cpu', '--complete=True',
+               '--temperature=0.0')
+    grid = np.asarray(Image.open(out / 'completions.png'))  # original, completion, original, completion
+    val = np.load(pixel_dir / 'val_x.npy')
+    for i in range(2):
+        original, completion = (grid[2:6, 2 + 6 * j:6 + 6 * j] for j in (2 * i, 2 * i + 1))
+        assert np.array_equal(original, val[i]) and np.array_equal(completion[:2], val[i, :2])  # the top half kept
