@@ -274,10 +274,10 @@ class KrauseAttention(Attention):
     def topk_softmax(self, scores, mask, reachable=None):
         """Attention weights and each row's top-k boundary (..., 1) from fresh RBF scores and the neighbourhood
         mask (None: every key visible): the top k of each row (chosen among `reachable(scores)`, a view of the slots
-        a row can reach, if given), softmax, dropout. Out-of-place fills: as fast and as small here as in-place ones under no_grad,
-        which torch.compile's inductor fails on (KeyError 'buf1', torch 2.13). The boundary carries no gradient:
-        it sits halfway between a row's k-th and (k+1)-th score (topk_boundary), so flex, which rounds the scores
-        its own way, keeps the same keys."""
+        a row can reach, if given), softmax, dropout. Out-of-place fills: as fast and as small here as in-place ones
+        under no_grad, which torch.compile's inductor fails on (KeyError 'buf1', torch 2.13). The boundary carries
+        no gradient: it sits halfway between a row's k-th and (k+1)-th score (topk_boundary), so flex, which rounds
+        the scores its own way, keeps the same keys."""
         scores = scores if mask is None else scores.masked_fill(~mask, float('-inf'))
         boundary = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
         scores = scores.masked_fill(scores < boundary, float('-inf'))

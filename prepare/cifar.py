@@ -18,7 +18,8 @@ from PIL import Image
 from tqdm import tqdm
 
 DATASETS = {'cifar10': 'uoft-cs/cifar10', 'cifar100': 'uoft-cs/cifar100', 'mnist': 'ylecun/mnist'}  # name -> Hub id
-IMAGES = {'cifar10': ('img', 32, 'RGB'), 'cifar100': ('img', 32, 'RGB'), 'mnist': ('image', 28, 'L')}  # column, side, mode
+IMAGES = {'cifar10': ('img', 32, 'RGB'), 'cifar100': ('img', 32, 'RGB'),  # name -> image column, side, PIL mode
+          'mnist': ('image', 28, 'L')}
 NUM_CLASSES = {'label': 10, 'fine_label': 100, 'coarse_label': 20}  # used when the parquet carries no class names
 SPLITS = {'train': 'train', 'val': 'test'}  # our name -> split name in the source
 
