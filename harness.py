@@ -52,7 +52,9 @@ class GPTScorer:
 
     def __init__(self, model, enc, device='cpu', batch_size=16, use_cache=True, ctx=nullcontext(), progress=True):
         self.model, self.enc, self.device, self.ctx = model, enc, device, ctx
-        self.batch_size, self.use_cache, self.progress = batch_size, use_cache, progress
+        self.batch_size, self.progress = batch_size, progress
+        self.use_cache = use_cache and all(block.attn.has_cache for block in model.transformer.h)  # a rule without
+        # a cache (Attention.has_cache False) generates by recomputing the context, as GPT.generate(use_cache=False)
         self.block_size, self.eot = model.config.block_size, enc.eot_token
 
     def encode_pair(self, context, continuation):
