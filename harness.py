@@ -257,9 +257,10 @@ def main():
                                           log_samples=False, random_seed=seed, numpy_random_seed=seed,
                                           torch_random_seed=seed, fewshot_random_seed=seed)
     except Exception as e:  # an unknown task, or its data not reachable offline
-        raise SystemExit(f"error: the harness stopped ({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-                         f"); check --tasks (lm_eval ls tasks), or, offline, use the local tasks with "
-                         f"--hellaswag_source / --text_source or your own YAMLs with --include_path")
+        first = (str(e).splitlines() or [''])[0][:300]
+        raise SystemExit(f"error: the harness stopped ({type(e).__name__}: {first}); check --tasks (lm_eval ls "
+                         f"tasks), or, offline, use the local tasks (--hellaswag_source, --text_source) or your own "
+                         f"YAMLs (--include_path)")
     elapsed = time.time() - t0
     print(write_results(results, elapsed))
     print(f"{elapsed:.1f} s; wrote {out_dir}/harness.json and {out_dir}/harness.md")

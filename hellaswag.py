@@ -31,8 +31,8 @@ def download(cache_dir=CACHE_DIR):
                 shutil.copyfileobj(response, f)
         except OSError as e:
             raise RuntimeError(f"could not download HellaSwag from {URL} ({e}). Offline? Download that file "
-                               f"elsewhere and pass its path as --hellaswag_source=PATH (train.py) or source (a jsonl with ctx, "
-                               f"endings, label)") from e
+                               f"elsewhere and pass its path as --hellaswag_source=PATH (train.py) or source (a jsonl "
+                               f"with ctx, endings, label)") from e
         os.replace(tmp, path)
     return path
 

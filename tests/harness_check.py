@@ -53,7 +53,8 @@ def hellaswag_check(scorer, source, limit=None):
     samples = sorted(results['samples']['hellaswag_nanogpt'], key=lambda s: s['doc_id'])
     rows = hellaswag.load_rows(source)[:len(samples)]
     reference = hellaswag_reference(scorer.model, rows)
-    diff, picks = 0.0, {'acc': 0, 'acc_norm': 0, 'acc_bytes': 0, 'token_mean': 0, 'chars_as_tokens': 0, 'bytes_as_tokens': 0}
+    diff, picks = 0.0, dict.fromkeys(('acc', 'acc_norm', 'acc_bytes', 'token_mean', 'chars_as_tokens',
+                                      'bytes_as_tokens'), 0)
     for sample, row, (ll, count, label) in zip(samples, rows, reference):
         theirs = torch.tensor([ll_ for ll_, _ in sample['filtered_resps']], dtype=torch.float64)
         diff = max(diff, (theirs - ll).abs().max().item())
@@ -76,7 +77,7 @@ def hellaswag_check(scorer, source, limit=None):
 
 
 def rolling_text(enc, text, n_tokens):
-    """(the prefix of `text` of exactly n_tokens GPT-2 tokens, those tokens); ValueError unless it encodes back to them."""
+    """(the prefix of `text` of exactly n_tokens GPT-2 tokens, those tokens); ValueError unless it round-trips."""
     tokens = enc.encode_ordinary(text)[:n_tokens]
     if len(tokens) < n_tokens or enc.encode_ordinary(enc.decode(tokens)) != tokens:
         raise ValueError(f"the first {n_tokens} tokens do not round-trip through GPT-2 BPE; take another length")

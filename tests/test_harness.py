@@ -24,7 +24,8 @@ MODEL = ['--n_layer=2', '--n_head=2', '--n_embd=32', f'--block_size={T}']
 def tiny_gpt(**kw):
     from model import GPT, GPTConfig
     torch.manual_seed(0)
-    return GPT(GPTConfig(**{'block_size': 64, 'vocab_size': 50304, 'n_layer': 2, 'n_head': 2, 'n_embd': 32, **kw})).eval()
+    sizes = dict(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
+    return GPT(GPTConfig(**{**sizes, **kw})).eval()
 
 
 def scorer(model, **kw):
@@ -123,7 +124,8 @@ def test_missing_harness_and_missing_files_are_one_line(tmp_path):
     assert out.strip().splitlines()[-1] == ("error: harness.py needs EleutherAI's lm-evaluation-harness: pip install "
                                             "-r requirements-extras.txt (lm-eval==0.4.13)")
     out = run_script('harness.py', f'--out_dir={tmp_path}', '--tasks=hellaswag_local', check=False)
-    assert out.strip() .splitlines()[-1] == "error: task hellaswag_local reads a local file: pass --hellaswag_source=PATH"
+    assert out.strip().splitlines()[-1] == ("error: task hellaswag_local reads a local file: pass "
+                                            "--hellaswag_source=PATH")
     out = run_script('harness.py', '--tasks=text_rolling', f'--text_source={tmp_path / "no.txt"}', check=False)
     assert f"error: text_source={tmp_path / 'no.txt'} does not exist" in out
     # train.py: a missing HellaSwag file stops the run, naming its key, before any data is prepared
