@@ -3,6 +3,8 @@ the harness's HellaSwag log-likelihoods against hellaswag.py's, and its rolling 
 --eval_full on the same tokens and windows.
 
 $ python tests/harness_check.py --out_dir=DIR --hellaswag_source=hellaswag_val.jsonl [--limit=N] [--batch_size=16]
+$ python tests/harness_check.py --out_dir=DIR --text_source=doc.txt --windows=20 --data_dir=FOLDER
+    (then: python train.py <the run's arguments> --data_dir=FOLDER --eval_only=True --eval_full=True --init_from=resume)
 """
 import argparse
 import json
@@ -111,7 +113,10 @@ def main():
     import tiktoken
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out_dir', required=True)
-    parser.add_argument('--hellaswag_source', required=True)
+    parser.add_argument('--hellaswag_source', default=None)
+    parser.add_argument('--text_source', default=None, help='a text whose first windows x block_size tokens are scored')
+    parser.add_argument('--windows', type=int, default=20)
+    parser.add_argument('--data_dir', default=None, help='where the same tokens go as a val split for --eval_full')
     parser.add_argument('--limit', type=int, default=None)
     parser.add_argument('--batch_size', type=int, default=16)
     args = parser.parse_args()
@@ -119,8 +124,16 @@ def main():
     model, _ = harness.load_model(os.path.join(args.out_dir, 'ckpt.pt'))
     scorer = harness.GPTScorer(model, tiktoken.get_encoding('gpt2'), batch_size=args.batch_size)
     t0 = time.time()
-    result = hellaswag_check(scorer, args.hellaswag_source, args.limit)
-    print(json.dumps({**result, 'seconds': round(time.time() - t0, 1)}, indent=1))
+    if args.hellaswag_source:
+        result = hellaswag_check(scorer, args.hellaswag_source, args.limit)
+        print(json.dumps({**result, 'seconds': round(time.time() - t0, 1)}, indent=1))
+    if args.text_source:
+        n_tokens = args.windows * model.config.block_size
+        text, tokens = rolling_text(scorer.enc, Path(args.text_source).read_text(), n_tokens)
+        write_text_dataset(args.data_dir, tokens)
+        (Path(args.data_dir) / 'text.txt').write_text(text)
+        ll, n, loss = rolling_check(scorer, Path(args.data_dir) / 'text.txt')
+        print(f"rolling: log-likelihood {ll:.4f} over {n} tokens, mean loss {loss:.6f}")
 
 
 if __name__ == '__main__':
