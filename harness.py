@@ -29,7 +29,7 @@ from tqdm import tqdm
 # -----------------------------------------------------------------------------
 out_dir = 'out'             # the run whose ckpt.pt is scored; harness.json and harness.md go here
 tasks = 'hellaswag'         # comma-separated harness task names (lm_eval ls tasks) or local ones (lm_tasks/)
-num_fewshot = 0             # examples in each prompt (the TDA and Krause papers score zero-shot)
+num_fewshot = 0             # solved examples before each prompt (0: zero-shot)
 limit = 0                   # only the first N documents of each task (0: all): a quick look, not a score
 batch_size = 16             # sequences per forward; the answers do not depend on it
 use_cache = True            # generate_until with the rule's KV cache; False recomputes the context per token
