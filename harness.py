@@ -15,6 +15,7 @@ extra (requirements-extras.txt), imported only here; the scoring (GPTScorer) is 
   window takes a full block_size of context and scores only its new tokens), as the harness's rolling windows.
 - generate_until: greedy, with the rule's KV cache (use_cache), context cropped to block_size - max_gen_toks.
 """
+import difflib
 import json
 import os
 import sys
@@ -239,14 +240,19 @@ def main():
         raise SystemExit("error: harness.py needs EleutherAI's lm-evaluation-harness: pip install -r "
                          "requirements-extras.txt (lm-eval==0.4.13)")
     torch.manual_seed(seed)
-    _, _, ctx = precision(device, dtype)
-    model, checkpoint = load_model(os.path.join(out_dir, 'ckpt.pt'))
-    scorer = GPTScorer(model, tiktoken.get_encoding('gpt2'), device, batch_size, use_cache, ctx)
     paths = [str(TASKS_DIR)] + ([include_path] if include_path else [])
     metadata = {'hellaswag_source': os.path.abspath(hellaswag_source) if hellaswag_source else '',
                 'text_source': os.path.abspath(text_source) if text_source else ''}
     local_only = all(name in LOCAL_TASKS for name in names)  # then the harness's own 200+ folders are not scanned
     manager = TaskManager(include_path=paths, include_defaults=not local_only, metadata=metadata)
+    unknown = [name for name in names if name not in manager.all_tasks and not os.path.exists(name)]
+    if unknown:  # before the model is loaded; a task's data is fetched later, by the harness
+        hint = difflib.get_close_matches(unknown[0], manager.all_tasks, n=1)
+        raise SystemExit(f"error: tasks: {', '.join(unknown)} is no task the harness knows"
+                         + (f"; did you mean {hint[0]}?" if hint else "") + " (lm_eval ls tasks lists them)")
+    _, _, ctx = precision(device, dtype)
+    model, checkpoint = load_model(os.path.join(out_dir, 'ckpt.pt'))
+    scorer = GPTScorer(model, tiktoken.get_encoding('gpt2'), device, batch_size, use_cache, ctx)
     print(f"lm_eval {lm_eval.__version__}: {', '.join(names)} on {out_dir}/ckpt.pt (iteration "
           f"{checkpoint['iter_num']}, {checkpoint['config']['attention']}), {num_fewshot}-shot"
           + (f", first {limit} documents" if limit else ''))
@@ -256,7 +262,7 @@ def main():
                                           limit=limit or None, task_manager=manager, bootstrap_iters=bootstrap_iters,
                                           log_samples=False, random_seed=seed, numpy_random_seed=seed,
                                           torch_random_seed=seed, fewshot_random_seed=seed)
-    except Exception as e:  # an unknown task, or its data not reachable offline
+    except Exception as e:  # a task's data not reachable offline, or its YAML broken
         first = (str(e).splitlines() or [''])[0][:300]
         raise SystemExit(f"error: the harness stopped ({type(e).__name__}: {first}); check --tasks (lm_eval ls "
                          f"tasks), or, offline, use the local tasks (--hellaswag_source, --text_source) or your own "

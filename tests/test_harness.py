@@ -87,6 +87,10 @@ def test_script_writes_results_and_table(run):
     assert 0 < bits < 20 and math.isfinite(bits)
     table = (root / 'out' / 'harness.md').read_text()
     assert '|hellaswag_nanogpt|' in table.replace(' ', '') and 'bits_per_byte' in table
+    out = run_script('harness.py', f'--out_dir={root / "no_run"}', '--tasks=hellaswag_nanogpt,arc_eazy',
+                     f'--hellaswag_source={HELLASWAG}', check=False)  # named before the (missing) model is loaded
+    assert out.strip().splitlines()[-1] == ("error: tasks: arc_eazy is no task the harness knows; did you mean "
+                                            "arc_easy? (lm_eval ls tasks lists them)")
 
 
 RULES = [dict(attention='softmax'), dict(attention='tda', pos_emb='rope', tie_weights=False),
