@@ -30,6 +30,8 @@ seeds = '1337'
 out_root = 'ablation'
 train = True                # train the runs that are missing; False: only tabulate what is there
 analysis_batch = 32         # val examples analyzed per checkpoint
+harness_tasks = ''          # GPT-2 BPE runs: lm-eval tasks that harness.py scores per run, a column each (README)
+harness_args = ''           # more harness.py arguments, e.g. "--hellaswag_source=PATH --batch_size=32"
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
 # each name: its train.py arguments on top of the recipe (the settings RESULTS.md's tables use)
@@ -76,6 +78,35 @@ def summary(out_dir):
             'last_rank': layers[-1]['effective_rank'], 'log': records, 'rate_key': rate_key}
 
 
+def run_harness(out_dir):
+    """harness.py on a finished run, unless its harness.json already holds these tasks: True if it is there."""
+    path = os.path.join(out_dir, 'harness.json')
+    if os.path.exists(path):
+        with open(path) as f:
+            if json.load(f).get('attention_lab', {}).get('tasks') == harness_tasks:
+                return True
+    args = ['harness.py', f'--out_dir={out_dir}', f'--tasks={harness_tasks}', *shlex.split(harness_args)]
+    with open(out_dir + '.harness.log', 'w') as f:
+        failed = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if failed:
+        print(f"harness.py failed on {out_dir}; see {out_dir}.harness.log")
+    return not failed
+
+
+def harness_scores(out_dir):
+    """{task: (metric, value)} from a run's harness.json: acc_norm where a task has it, else acc, else its first."""
+    with open(os.path.join(out_dir, 'harness.json')) as f:
+        results = json.load(f)['results']
+    scores = {}
+    for task, metrics in results.items():
+        values = {k.split(',')[0]: v for k, v in metrics.items()
+                  if ',' in k and '_stderr' not in k and isinstance(v, (int, float))}
+        metric = next((m for m in ('acc_norm', 'acc') if m in values), next(iter(values), None))
+        if metric:
+            scores[task] = (metric, values[metric])
+    return scores
+
+
 def spread(values, digits=4):
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
@@ -104,6 +135,8 @@ def main():
                     print(f"{name} seed {seed}: train.py failed; see {out_dir}.train.log and .eval.log")
                     continue
             results.setdefault(name, {})[seed] = summary(out_dir)
+            if harness_tasks and run_harness(out_dir):
+                results[name][seed]['harness'] = harness_scores(out_dir)
     lines = ["| rule | train.py arguments | params | seeds | val loss (whole split) | val acc | median iteration | "
              "throughput | first-token share | sparsity | last-layer effective rank |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -118,6 +151,14 @@ def main():
                      f"{spread([r['val_loss'] for r in rows])} | {acc} | {np.median([r['median_ms'] for r in rows]):.1f} ms"
                      f" | {np.median([r['rate'] for r in rows]):,.0f} {rows[0]['rate_unit']} | {sink} | {sparse} | "
                      f"{mean_of('last_rank'):.2f} |")
+    columns = next((r['harness'] for runs in results.values() for r in runs.values() if 'harness' in r), {})
+    if columns:  # the harness's scores, one column per task, beside the rest
+        lines[0] += ''.join(f" {task} {metric} |" for task, (metric, _) in columns.items())
+        lines[1] += ' --- |' * len(columns)
+        for i, runs in enumerate(results.values(), start=2):
+            scores = [r.get('harness', {}) for r in runs.values()]
+            cells = [[s[t][1] for s in scores if t in s] for t in columns]
+            lines[i] += ''.join(f" {spread(values) if values else 'n/a'} |" for values in cells)
     table = '\n'.join(lines)
     print(f"\nrecipe: {recipe or '(train.py defaults: recall)'}\n{table}")
     with open(os.path.join(out_root, 'ablation.md'), 'w') as f:

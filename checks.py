@@ -3,6 +3,8 @@ train.py's settings, checked before any work is done (no folder made, no data pr
 whose message names the key and the fix, and train.py prints it as its one `error:` line. The checks run in the
 order below, which is the order of precedence: when two settings are wrong, the earlier check names its own.
 """
+import os
+
 import torch
 
 from attention import check_attention_name
@@ -15,6 +17,7 @@ AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval
                 'log_interval', 'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs')  # sizes and intervals
 NOT_NEGATIVE = ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'num_classes', 'min_lr', 'weight_decay',
                 'grad_clip', 'mixup_alpha', 'cutmix_alpha')
+GPT2_BPE = ('openwebtext', 'fineweb_edu')  # the datasets HellaSwag can score: GPT-2 BPE text
 BELOW_ONE = ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing')  # probabilities and decay rates, in [0, 1)
 
 
@@ -60,9 +63,12 @@ def check_train_config(config, world_size=1):
                          f"got '{c['init_from']}'")
     check_device(c['device'])
     kind = dataset_kind(c['dataset'])
-    if c['hellaswag'] and kind != 'text':
-        raise ValueError(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {c['dataset']}; "
+    if c['hellaswag'] and c['dataset'] not in GPT2_BPE:
+        raise ValueError(f"hellaswag=True needs a GPT-2 BPE dataset ({', '.join(GPT2_BPE)}), not {c['dataset']}; "
                          f"pass --hellaswag=False")
+    if c['hellaswag'] and c['hellaswag_source'] and not os.path.isfile(c['hellaswag_source']):
+        raise ValueError(f"hellaswag_source={c['hellaswag_source']} is not a file; pass --hellaswag_source=PATH of a "
+                         f"local hellaswag_val.jsonl, or leave it empty to download it")
     # the model (a ViT for images, a GPT otherwise) checks its settings as it is configured, and every attention
     # layer its own as it is built; the sizes the data gives (vocab_size, num_classes) are checked later
     ModelConfig = ViTConfig if kind == 'image' else GPTConfig

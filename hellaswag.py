@@ -14,6 +14,7 @@ from pathlib import Path
 import tiktoken
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 CACHE_DIR = Path(__file__).resolve().parent / "data" / "hellaswag"
@@ -30,7 +31,8 @@ def download(cache_dir=CACHE_DIR):
                 shutil.copyfileobj(response, f)
         except OSError as e:
             raise RuntimeError(f"could not download HellaSwag from {URL} ({e}). Offline? Download that file "
-                               f"elsewhere and pass its path as source (a jsonl with ctx, endings, label)") from e
+                               f"elsewhere and pass its path as --hellaswag_source=PATH (train.py) or source (a jsonl "
+                               f"with ctx, endings, label)") from e
         os.replace(tmp, path)
     return path
 
@@ -63,8 +65,9 @@ def ending_losses(logits, tokens, mask):
 
 
 @torch.no_grad()
-def evaluate(model, rows, device, rank=0, world_size=1, autocast_ctx=nullcontext()):
+def evaluate(model, rows, device, rank=0, world_size=1, autocast_ctx=nullcontext(), progress=False):
     """(correct, total) under acc_norm over rows[rank::world_size]; the caller all-reduces across ranks.
+    progress: a bar on stderr (10,042 rows of a 100M model take minutes on a CPU).
 
     model: the unwrapped GPT (raw_model, not the DDP wrapper); `logits, loss = model(idx, targets)`.
     """
@@ -73,7 +76,7 @@ def evaluate(model, rows, device, rank=0, world_size=1, autocast_ctx=nullcontext
     was_training = model.training
     model.eval()
     correct = total = 0
-    for row in rows[rank::world_size]:
+    for row in tqdm(rows[rank::world_size], desc='hellaswag', unit='row', disable=not progress, mininterval=2):
         tokens, mask, label = render_example(row, enc)
         tokens, mask = tokens[:, -block_size:], mask[:, -block_size:]  # longer than the model sees: drop oldest context
         tokens, mask = tokens.to(device), mask.to(device)
@@ -87,6 +90,6 @@ def evaluate(model, rows, device, rank=0, world_size=1, autocast_ctx=nullcontext
 
 def main(model, source=None, device="cpu"):
     """Print and return the acc_norm of `model` on HellaSwag (a local jsonl `source`, or the downloaded val set)."""
-    correct, total = evaluate(model, load_rows(source), device)
+    correct, total = evaluate(model, load_rows(source), device, progress=True)
     print(f"hellaswag acc_norm {correct / total:.4f}")
     return correct / total

@@ -139,6 +139,17 @@ torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU runs in float32
 
+if hellaswag:  # its rows before any data is prepared: a missing file stops the run now, naming hellaswag_source
+    import hellaswag as hellaswag_eval
+    try:
+        if ddp and not master_process:
+            dist.barrier()  # rank 0 downloads first; the others then read its copy
+        hellaswag_rows = hellaswag_eval.load_rows(hellaswag_source or None)
+        if ddp and master_process:
+            dist.barrier()
+    except (OSError, RuntimeError, ValueError) as e:
+        fail(e)
+
 # -----------------------------------------------------------------------------
 # data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch (data.py)
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', stored_as(dataset))
@@ -236,7 +247,8 @@ def evaluate_full():
     model.eval()
     starts = batches.full_split_starts('val')
     loss_sum, correct, counted = 0.0, 0, 0
-    for ix in list(starts.split(batch_size))[ddp_rank::ddp_world_size]:
+    for ix in tqdm(list(starts.split(batch_size))[ddp_rank::ddp_world_size], desc='eval_full', unit='batch',
+                   disable=not master_process, mininterval=2):  # a long pass shows where it is
         X, Y = batches.load_batch('val', ix)
         with ctx:
             logits, _ = model(X, Y)
@@ -262,18 +274,6 @@ def get_lr(it):
 
 
 gpu_peak_flops = peak_flops(device)
-if hellaswag:
-    if meta.get('encoding') != 'gpt2':
-        fail(f"hellaswag=True needs a GPT-2 BPE dataset (openwebtext, fineweb_edu), not {dataset}")
-    import hellaswag as hellaswag_eval
-    try:
-        if ddp and not master_process:
-            dist.barrier()  # rank 0 downloads first; the others then read its copy
-        hellaswag_rows = hellaswag_eval.load_rows(hellaswag_source or None)
-        if ddp and master_process:
-            dist.barrier()
-    except (OSError, RuntimeError, ValueError) as e:
-        fail(e)
 
 # logging: out_dir/log.jsonl on rank 0, trimmed back to the checkpoint on resume (checkpoint.MetricsLog), and wandb;
 # eval_only measures a checkpoint, it is not training: the log stays as it is
@@ -344,7 +344,7 @@ while True:
                 saved_iter = iter_num
         if hellaswag:
             correct, total = all_sum(hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
-                                                             ddp_world_size, ctx), device)
+                                                             ddp_world_size, ctx, progress=master_process), device)
             log(f"hellaswag acc_norm {correct / total:.4f}") if master_process else None
     if eval_only:
         break
