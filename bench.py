@@ -16,7 +16,7 @@ GPT whose caches hold T tokens, and the MiB those caches hold, for the rule besi
 $ python bench.py --mode=generate --attention=krause --krause_window=32 --pos_emb=rope --n_layer=6 --n_embd=384 \
       --n_head=6 --vocab_size=65 --seq_lens=1024,4096,16384
 
---mode=images: autoregressive image sampling (issue 22): `batch` images of image_tokens subpixels each (vocab 256,
+--mode=images: autoregressive image sampling: `batch` images of image_tokens subpixels each (vocab 256,
 first subpixel uniform) drawn with GPT.generate and each rule's cache, random weights; images/s (warm-up left out,
 synchronised) and the MiB the caches hold at the last subpixel, for the rule beside full softmax in the same run:
 $ python bench.py --mode=images --attention=krause --krause_window=256 --krause_topk=192 --n_layer=2 --n_embd=128 \

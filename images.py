@@ -1,5 +1,5 @@
 """
-Autoregressive image models (issue 22), what sample.py and bench.py share: drawing images subpixel by subpixel with
+Autoregressive image models, what sample.py and bench.py share: drawing images subpixel by subpixel with
 each rule's KV cache (GPT.generate), timed the same way everywhere (a warm-up left out, the device synchronised), the
 memory those caches hold, and a PNG grid of the results. An image is a sequence of H*W*C tokens in raster order,
 channels side by side (data.py's 'pixels' kind); with no prompt, the first subpixel is drawn uniformly.

@@ -7,7 +7,7 @@ $ python sample.py --start=FILE:prompt.txt
 On a recall checkpoint (the default `python train.py`), with no --start, it shows recall episodes instead: the
 pairs, the queries, the model's answers beside the truth, and the accuracy.
 
-On an image checkpoint (a 'pixels' dataset, issue 22) it draws num_samples images, `batch` at a time, with the KV
+On an image checkpoint (a 'pixels' dataset) it draws num_samples images, `batch` at a time, with the KV
 cache, writes them as a PNG grid (--png, default out_dir/samples.png), and prints images/s (a warm-up left out, the
 device synchronised) and the MiB the caches hold; --complete=True gives the top half of the first num_samples test
 images as prompts and writes originals and completions side by side (out_dir/completions.png):

@@ -1,4 +1,4 @@
-# Krause ARM on CIFAR-10 (issue 22): config/arm_cifar10_softmax.py with Krause attention, window 256, top-k 192,
+# Krause ARM on CIFAR-10: config/arm_cifar10_softmax.py with Krause attention, window 256, top-k 192,
 # σ₀ 2.5 as in our Krause GPT. The paper: 3.0032 bits/dim, sampling 1.9 -> 4.5 images/s (softmax -> Krause).
 # python train.py config/arm_cifar10_krause.py
 import os

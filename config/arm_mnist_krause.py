@@ -1,4 +1,4 @@
-# Krause ARM on MNIST (issue 22): config/arm_mnist_softmax.py with Krause attention, window 128, top-k 96.
+# Krause ARM on MNIST: config/arm_mnist_softmax.py with Krause attention, window 128, top-k 96.
 # python train.py config/arm_mnist_krause.py
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'arm_mnist_softmax.py')).read())  # same recipe, another rule

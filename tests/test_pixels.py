@@ -1,4 +1,4 @@
-"""Autoregressive image models (issue 22): pixel sequences read from a prepared image dataset, MNIST prepared from
+"""Autoregressive image models: pixel sequences read from a prepared image dataset, MNIST prepared from
 its parquet, bits/dim from --eval_full exact (all-equal logits: 8 bits; by hand on a tiny split; 2 gloo processes
 == 1), and images drawn with the cache exactly as without it. Tiny 4x4 images: a few seconds each."""
 import json
