@@ -19,7 +19,7 @@ TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--batch_size=16', '--eval_i
 # train.py row gets an out_dir of its own, and the recall data unless it names a data_dir: a check that failed to
 # stop it would train there, never in the repo's data/.
 ROWS = {
-    # the issue's table
+    # every bad setting a first hour meets, and the line it must give
     'eval_iters=0': ('train.py --eval_iters=0', r"eval_iters=0 must be at least 1; pass --eval_iters=1"),
     'gradient_accumulation_steps=0': ('train.py --gradient_accumulation_steps=0',
                                       r"gradient_accumulation_steps=0 must be at least 1"),
