@@ -198,16 +198,6 @@ def bench_model():
         report({**row, 'vs_softmax': None, 'tokens_per_s': batch * row['T'] / row['ms'] * 1000, 'mfu': mfu})
 
 
-def filled_cache(model, T):
-    """A cache holding T positions, put there by each layer's fill on random activations (what the context holds
-    does not change what a token costs; a real prefill of 16k tokens with full softmax would take minutes on CPU)."""
-    cache = model.new_cache(batch)
-    x = torch.randn(batch, T, model.config.n_embd, device=device, dtype=ptdtype)
-    for block, layer in zip(model.transformer.h, cache.layers):
-        block.attn.fill(layer, *block.attn.project(x, 0))
-    return cache
-
-
 @torch.no_grad()
 def bench_generate():
     rules = [dict(attention='softmax', window=0, krause_mix=False)]
@@ -224,7 +214,9 @@ def bench_generate():
             cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=vocab_size, dropout=0.0,
                                                block_size=max(block_size, longest), **overrides))
             model = GPT(cfg).to(device, ptdtype).eval()
-            cache, token = filled_cache(model, T), torch.zeros(batch, 1, dtype=torch.long, device=device)
+            # random activations: a real prefill of 16k tokens with full softmax would take minutes on a CPU
+            cache = model.filled_cache(torch.randn(batch, T, model.config.n_embd, device=device, dtype=ptdtype))
+            token = torch.zeros(batch, 1, dtype=torch.long, device=device)
 
             def step():
                 for _ in range(decode_tokens):

@@ -46,12 +46,9 @@ def timed_draw(model, n, batch, tokens, temperature=1.0, top_k=None, prompts=Non
 def cache_mib(model, batch, tokens):
     """MiB the layers' caches hold for `batch` sequences after `tokens` positions (what the last subpixel's step reads:
     softmax every key, a window or Krause the last W), filled by each layer's own fill on zero activations."""
-    cache = model.new_cache(batch)
     p = next(model.parameters())
     x = torch.zeros(batch, tokens, model.config.n_embd, device=p.device, dtype=p.dtype)
-    for block, layer in zip(model.transformer.h, cache.layers):
-        block.attn.fill(layer, *block.attn.project(x, 0))
-    return cache.nbytes() / 2**20
+    return model.filled_cache(x).nbytes() / 2**20
 
 
 def to_images(seqs, shape):

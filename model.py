@@ -176,6 +176,15 @@ class GPT(nn.Module):
     def new_cache(self, batch):
         return GenerationCache(self, batch)
 
+    @torch.no_grad()
+    def filled_cache(self, x):
+        """A cache holding T positions, put there by each layer's own fill on the activations x (B, T, n_embd), with
+        no forward: for benchmarks, where what the context holds does not change what a token costs."""
+        cache = self.new_cache(x.size(0))
+        for block, layer in zip(self.transformer.h, cache.layers):
+            block.attn.fill(layer, *block.attn.project(x, 0))
+        return cache
+
     def forward(self, idx, targets=None, cache=None):
         """idx (b, t). cache (from new_cache): empty, idx is the prompt (prefill); else idx is one new token."""
         b, t = idx.size()
