@@ -45,6 +45,7 @@ class FrameConfig:
     causal: bool = True          # GPT: True; ViT: False
     grid_size: int = 0           # ViT: side of the patch grid (tokens = 1 CLS + grid_size²); 0 for sequences
     pos_emb: str = 'learned'     # 'learned' (added to the input), 'rope' (rotates q and k in every layer) or 'none'
+    mix: bool = False            # GPT: a causal softmax branch beside the rule, gated per token (MixAttention)
     rope_base: float = 10000.0
 
 
@@ -231,7 +232,7 @@ class KrauseAttention(Attention):
     depth from k to 2k. -||q_i||²/(2σ²) is the same for a whole row, so it changes neither the top k nor the
     softmax and is dropped: score_ij = q_i·k_j/σ² - ||k_j||²/(2σ²). The 1-D math path works on the band
     (O(T·W) time and memory); the official code builds the dense T×T matrix, kept here as `attend_dense`.
-    With krause_mix=True build_attention makes the paper's LM form instead (KrauseMixAttention, below).
+    With mix=True build_attention makes the paper's LM form instead: a softmax branch beside it (MixAttention, below).
     """
     has_bidirectional_form, has_cache, has_flex = True, True, True
 
@@ -378,58 +379,6 @@ def topk_boundary(x, k):
     return (kth_largest(x, k) + kth_largest(x, k + 1)) / 2
 
 
-class KrauseMixAttention(Attention):
-    """
-    y = g_0 · y_softmax + g_1 · y_krause,   g = softmax(Linear(2C → 2)([y_softmax, y_krause]))   per token
-
-    The Krause paper's language-model form (docs/rules.md#krause): a causal softmax branch and a Krause branch,
-    each with its own q/k/v/out projections, mixed by a learned gate that starts at 0.8 for the softmax branch.
-    In the frame: project gives both branches' q, k, v; attend gives both per-head outputs side by side,
-    (B, H, T, 2D); out projects each through its branch and gates them.
-    """
-    has_cache, has_flex = True, True
-    projections = None  # each branch brings its own
-
-    def __init__(self, config, layer_idx):
-        if not config.causal:
-            raise ValueError("krause_mix is the language-model form (causal=True); use krause_mix=False in a ViT")
-        super().__init__(config, layer_idx)
-        self.softmax = SoftmaxAttention(config, layer_idx)
-        self.krause = KrauseAttention(config, layer_idx)
-        self.gate = nn.Linear(2 * config.n_embd, 2)
-
-    def init_extra(self):
-        nn.init.normal_(self.gate.weight, std=0.01)
-        with torch.no_grad():
-            self.gate.bias.copy_(torch.tensor([math.log(0.8 / 0.2), 0.0]))  # softmax(bias) = (0.8, 0.2)
-
-    def project(self, x, offset=0):
-        return self.softmax.project(x, offset) + self.krause.project(x, offset)  # softmax's q, k, v, then Krause's
-
-    def attend(self, q, k, v, q_krause, k_krause, v_krause):
-        return torch.cat([self.softmax.attend(q, k, v), self.krause.attend(q_krause, k_krause, v_krause)], -1)
-
-    def attend_flex(self, q, k, v, q_krause, k_krause, v_krause):
-        return torch.cat([self.softmax.attend_flex(q, k, v),
-                          self.krause.attend_flex(q_krause, k_krause, v_krause)], -1)
-
-    def new_cache(self):  # the softmax branch's (every key unless `window`: grows) beside Krause's ring
-        return CacheGroup(self.softmax.new_cache(), self.krause.new_cache())
-
-    def fill(self, cache, *tensors):
-        self.softmax.fill(cache.caches[0], *tensors[:3])
-        self.krause.fill(cache.caches[1], *tensors[3:])
-
-    def decode(self, q, k, v, q_krause, k_krause, v_krause, cache):
-        return torch.cat([self.softmax.decode(q, k, v, cache.caches[0]),
-                          self.krause.decode(q_krause, k_krause, v_krause, cache.caches[1])], -1)
-
-    def out(self, y):  # (B, H, T, 2D): the two branches' heads side by side
-        y_softmax, y_krause = self.softmax.out(y[..., :self.head_dim]), self.krause.out(y[..., self.head_dim:])
-        g = self.gate(torch.cat([y_softmax, y_krause], dim=-1)).softmax(-1)  # (B, T, 2)
-        return g[..., :1] * y_softmax + g[..., 1:] * y_krause
-
-
 @dataclass
 class KrauseConfig:
     krause_window: int = 32      # Krause 1-D: W keys per query (i-W < j <= i)
@@ -437,7 +386,7 @@ class KrauseConfig:
     krause_sigma: float = 2.5    # Krause: initial RBF bandwidth σ (learned per head as log_sigma)
     krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
     krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
-    krause_mix: bool = False     # Krause GPT: the paper's LM form, a softmax branch and a Krause branch, gated
+    krause_mix: bool = False     # Krause GPT: the same as mix=True (the paper's LM form); older configs' spelling
 
 
 # -----------------------------------------------------------------------------
@@ -829,6 +778,69 @@ class ClusterConfig:
 
 
 # -----------------------------------------------------------------------------
+# two branches: a softmax branch beside any rule, mixed per token
+
+class MixAttention(Attention):
+    """
+    y = g_0 · y_softmax + g_1 · y_rule,   g = softmax(Linear(2C → 2)([y_softmax, y_rule]))   per token
+
+    Two attention layers side by side: causal softmax attention, and the rule `attention` names, each with its own
+    q/k/v/out projections, mixed by a learned gate that starts at 0.8 for the softmax branch (mix=True). Trained from
+    scratch with attention='krause' it is the Krause paper's language-model form; on a pretrained model
+    (pretrained.py) the softmax branch is the pretrained attention and the rule's branch a parallel shortcut that
+    starts as a copy of it. In the frame: project gives both branches' tensors, softmax's first; attend gives both
+    per-head outputs side by side, (B, H, T, 2D); out projects each through its branch and gates them.
+    """
+    has_cache, has_flex = True, True  # where the rule's branch has them too (set per instance below)
+    projections = None  # each branch brings its own
+
+    def __init__(self, config, layer_idx):
+        if not config.causal:
+            raise ValueError("mix (krause_mix) is the language-model form (causal=True); use mix=False in a ViT")
+        super().__init__(config, layer_idx)
+        self.softmax = SoftmaxAttention(config, layer_idx)
+        self.rule = ATTENTION[config.attention](config, layer_idx)
+        self.has_cache, self.has_flex = self.rule.has_cache, self.rule.has_flex
+        self.gate = nn.Linear(2 * config.n_embd, 2)
+
+    def init_extra(self):
+        nn.init.normal_(self.gate.weight, std=0.01)
+        with torch.no_grad():
+            self.gate.bias.copy_(torch.tensor([math.log(0.8 / 0.2), 0.0]))  # softmax(bias) = (0.8, 0.2)
+
+    def project(self, x, offset=0):
+        return self.softmax.project(x, offset) + self.rule.project(x, offset)  # softmax's q, k, v, then the rule's
+
+    def attend(self, q, k, v, *rule_tensors):
+        return torch.cat([self.softmax.attend(q, k, v), self.rule.attend(*rule_tensors)], -1)
+
+    def attend_flex(self, q, k, v, *rule_tensors):
+        return torch.cat([self.softmax.attend_flex(q, k, v), self.rule.attend_flex(*rule_tensors)], -1)
+
+    def new_cache(self):  # the softmax branch's (every key unless `window`: grows) beside the rule's own
+        return CacheGroup(self.softmax.new_cache(), self.rule.new_cache())
+
+    def fill(self, cache, q, k, v, *rule_tensors):
+        self.softmax.fill(cache.caches[0], q, k, v)
+        self.rule.fill(cache.caches[1], *rule_tensors)
+
+    def decode(self, q, k, v, *rule_tensors, cache):
+        return torch.cat([self.softmax.decode(q, k, v, cache.caches[0]),
+                          self.rule.decode(*rule_tensors, cache=cache.caches[1])], -1)
+
+    def out(self, y):  # (B, H, T, 2D): the two branches' heads side by side
+        y_softmax, y_rule = self.softmax.out(y[..., :self.head_dim]), self.rule.out(y[..., self.head_dim:])
+        return self.mixed(y_softmax, y_rule, self.gates(y_softmax, y_rule))
+
+    def gates(self, y_softmax, y_rule):  # (B, T, C) each -> (B, T, 2): each token's share of the two branches
+        return self.gate(torch.cat([y_softmax, y_rule], dim=-1)).softmax(-1)
+
+    @staticmethod
+    def mixed(a, b, g):
+        return g[..., :1] * a + g[..., 1:] * b
+
+
+# -----------------------------------------------------------------------------
 # the table of rules: `attention=<name>` in a config picks the class
 
 ATTENTION = {
@@ -851,14 +863,18 @@ RENAMED_KEYS = {'cluster_block': 'cluster_chunk', 'tda_chunk': 'tda_chunk_weight
 
 
 def build_attention(config, layer_idx):
-    return rule_class(config.attention, config.krause_mix)(config, layer_idx)
+    return rule_class(config.attention, mixed(config))(config, layer_idx)
 
 
-def rule_class(attention, krause_mix=False):
-    """The class `attention=<name>` builds: ATTENTION's, or for krause_mix the paper's LM form (two branches, gated)."""
+def mixed(config):
+    """Whether layers have a softmax branch beside the rule: mix=True, or krause_mix=True (older spelling) for Krause."""
+    return config.mix or (config.krause_mix and config.attention == 'krause')
+
+
+def rule_class(attention, mix=False):
+    """The class `attention=<name>` builds: ATTENTION's, or with mix the two-branch form (MixAttention)."""
     check_attention_name(attention)
-    rule = ATTENTION[attention]
-    return KrauseMixAttention if rule is KrauseAttention and krause_mix else rule
+    return MixAttention if mix else ATTENTION[attention]
 
 
 def check_attention_name(name):

@@ -26,6 +26,9 @@ def load_checkpoint(path, device, hint="check out_dir"):
         for old, new in RENAMED_KEYS.items():
             if old in settings:
                 settings[new] = settings.pop(old)
+    if checkpoint.get('model_args', {}).get('krause_mix') and 'model' in checkpoint:  # the Krause branch of the mix
+        # form was `krause` until the mix took any rule (MixAttention's `rule`)
+        checkpoint['model'] = {k.replace('.attn.krause.', '.attn.rule.'): v for k, v in checkpoint['model'].items()}
     return checkpoint
 
 
@@ -35,9 +38,10 @@ def save_checkpoint(checkpoint, path):
     os.replace(path + '.tmp', path)
 
 
-def check_resumable(checkpoint, path, model_args, dataset, max_iters):
-    """ValueError unless the checkpoint at `path` is of this run's model and dataset, and not past its max_iters."""
-    theirs = checkpoint['model_args']
+def check_resumable(checkpoint, path, model_args, dataset, max_iters, defaults=None):
+    """ValueError unless the checkpoint at `path` is of this run's model and dataset, and not past its max_iters.
+    defaults: the model's default settings, which a checkpoint written before a key existed was made with."""
+    theirs = {**(defaults or {}), **checkpoint['model_args']}
     differ = [f"{k}={theirs.get(k)!r} (this run: {v!r})" for k, v in model_args.items() if theirs.get(k) != v]
     if checkpoint['config'].get('dataset') != dataset:
         differ.append(f"dataset={checkpoint['config'].get('dataset')!r} (this run: {dataset!r})")

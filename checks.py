@@ -9,6 +9,7 @@ import torch
 
 from attention import check_attention_name
 from model import GPTConfig
+from pretrained import OWN_STARTS, check_init_from
 from prepare import check_dataset_name, dataset_kind
 from runtime import check_attention_layers, dataclass_values
 from vit import ViTConfig
@@ -17,7 +18,7 @@ AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval
                 'log_interval', 'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs')  # sizes and intervals
 NOT_NEGATIVE = ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'num_classes', 'min_lr', 'weight_decay',
                 'grad_clip', 'mixup_alpha', 'cutmix_alpha')
-GPT2_BPE = ('openwebtext', 'fineweb_edu')  # the datasets HellaSwag can score: GPT-2 BPE text
+GPT2_BPE = ('openwebtext', 'fineweb_edu', 'shakespeare')  # the datasets HellaSwag can score: GPT-2 BPE text
 BELOW_ONE = ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing')  # probabilities and decay rates, in [0, 1)
 
 
@@ -58,11 +59,12 @@ def check_train_config(config, world_size=1):
     if c['eval_full'] and not c['eval_only']:
         raise ValueError("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True "
                          "--init_from=resume")
-    if c['init_from'] not in ('scratch', 'resume', 'auto'):
-        raise ValueError(f"init_from must be 'scratch', 'resume' or 'auto' (resume if out_dir holds a checkpoint), "
-                         f"got '{c['init_from']}'")
+    check_init_from(c['init_from'])
     check_device(c['device'])
     kind = dataset_kind(c['dataset'])
+    if kind == 'image' and c['init_from'] not in OWN_STARTS:
+        raise ValueError(f"init_from={c['init_from']} fine-tunes a GPT, but dataset {c['dataset']} trains a ViT; "
+                         f"pass --init_from=scratch, or a text or pixels dataset")
     if c['hellaswag'] and c['dataset'] not in GPT2_BPE:
         raise ValueError(f"hellaswag=True needs a GPT-2 BPE dataset ({', '.join(GPT2_BPE)}), not {c['dataset']}; "
                          f"pass --hellaswag=False")

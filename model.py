@@ -12,6 +12,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from attention import Attention, AttentionConfig, build_attention
+from lora import add_lora, freeze_all_but_trainable, target_names
 
 
 @dataclass
@@ -22,10 +23,24 @@ class GPTConfig(AttentionConfig):
     mlp_hidden: int = 0      # MLP hidden width; 0 means 4 * n_embd
     tie_weights: bool = True  # share the token embedding with the output head
     drop_path: float = 0.0   # stochastic depth, linear over depth (ViT); 0 for the GPT
+    gelu_approximate: str = 'none'  # the MLP's GELU: 'none' (exact) or 'tanh' (GPT-2's gelu_new: its weights want it)
+    lora_rank: int = 0       # LoRA (lora.py): rank of the update of each target Linear; 0: none. >0 freezes the rest
+    lora_alpha: float = 32.0  # LoRA: the update is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # LoRA: dropout on the update's input
+    lora_targets: str = 'c_attn,c_proj,c_fc'  # LoRA: the Linears it adapts (attention q/k/v and out, the MLP's two)
 
     def __post_init__(self):  # checked with the config, so train.py can check it before any work
         if self.pos_emb not in ('learned', 'rope', 'none'):
             raise ValueError(f"pos_emb must be 'learned', 'rope' or 'none', got '{self.pos_emb}'")
+        if self.gelu_approximate not in ('none', 'tanh'):
+            raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got '{self.gelu_approximate}'")
+        if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"LoRA needs lora_rank >= 0, lora_alpha > 0 and lora_dropout in [0, 1), got "
+                             f"{self.lora_rank}, {self.lora_alpha}, {self.lora_dropout}")
+        unknown = set(target_names(self.lora_targets)) - {'c_attn', 'c_proj', 'c_fc'}
+        if self.lora_rank and (unknown or not target_names(self.lora_targets)):
+            raise ValueError(f"lora_targets={self.lora_targets!r} must name some of c_attn, c_proj, c_fc (the "
+                             f"attention and MLP Linears); pass e.g. --lora_targets=c_attn,c_proj,c_fc")
 
 
 class LayerNorm(nn.Module):
@@ -46,7 +61,7 @@ class MLP(nn.Module):
         super().__init__()
         hidden = config.mlp_hidden or 4 * config.n_embd
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=getattr(config, 'gelu_approximate', 'none'))  # the ViT's config has no key
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -165,6 +180,9 @@ class GPT(nn.Module):
         init_weights(self, config.n_layer)
         if config.tie_weights:  # https://paperswithcode.com/method/weight-tying
             self.transformer.wte.weight = self.lm_head.weight
+        if config.lora_rank:  # fine-tuning: low-rank updates of the target Linears train, the base stays frozen
+            add_lora(self, config.lora_rank, config.lora_alpha, config.lora_dropout, target_names(config.lora_targets))
+            freeze_all_but_trainable(self)
 
     def get_num_params(self, non_embedding=True):
         """Parameter count; the position embedding is not counted, the (tied) token embedding is."""

@@ -3,6 +3,9 @@ Sample text from a trained GPT checkpoint, decoding with the dataset meta stored
 
 $ python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3
 $ python sample.py --start=FILE:prompt.txt
+$ python sample.py --init_from=gpt2-xl --start="What is the answer to life, the universe, and everything?"
+
+A checkpoint fine-tuned with LoRA is sampled with its updates merged into the weights (lora.py).
 
 On a recall checkpoint (the default `python train.py`), with no --start, it shows recall episodes instead: the
 pairs, the queries, the model's answers beside the truth, and the accuracy.
@@ -21,12 +24,16 @@ import torch
 
 from checkpoint import load_checkpoint
 from images import cache_mib, png_grid, timed_draw, to_images
+from lora import merge_lora
 from model import GPT, GPTConfig
+from pretrained import check_init_from, load_base
 from prepare import dataset_kind, stored_as
 from prepare.recall import make_examples
 from runtime import precision
 
 # -----------------------------------------------------------------------------
+init_from = 'resume'      # 'resume': out_dir/ckpt.pt; or a base (pretrained.py): 'gpt2'..'gpt2-xl', a Hub-layout
+                          # folder, the path of a ckpt.pt
 out_dir = 'out'
 start = "\n"              # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
 num_samples = 10          # number of samples to draw (recall: episodes to show)
@@ -107,7 +114,19 @@ def recall_episodes(model, task, shown, device, seed, n=1000):
     print(f"accuracy {accuracy:.4f} over {n:,} fresh episodes ({asked.sum().item():,} answers; chance 1/{K} = {1 / K:.4f})")
 
 
-def load_gpt(ckpt_path, device):
+def load_gpt(init_from, device):
+    """(model, meta) of out_dir's checkpoint (init_from='resume') or of a base; LoRA merged. One error line if it
+    cannot be had."""
+    if init_from != 'resume':
+        try:
+            check_init_from(init_from)
+            base = load_base(init_from)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}")
+        model = GPT(GPTConfig(**base['model_args']))
+        model.load_state_dict(base['state'])
+        return model, {**base['meta'], 'pixels': False, 'config': {'attention': base['model_args']['attention']}}
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
     pixels = dataset_kind(checkpoint['config']['dataset']) == 'pixels' if 'config' in checkpoint else False
     if checkpoint['meta'].get('kind') == 'image' and not pixels:
@@ -117,6 +136,7 @@ def load_gpt(ckpt_path, device):
                          f"--out_dir={os.path.dirname(ckpt_path)} --init_from=resume --eval_only=True")
     model = GPT(GPTConfig(**checkpoint['model_args']))
     model.load_state_dict(checkpoint['model'])
+    merge_lora(model)  # one Linear per target again: the same function, faster
     return model, {**checkpoint['meta'], 'pixels': pixels, 'config': checkpoint.get('config', {})}
 
 
@@ -151,7 +171,7 @@ if __name__ == '__main__':
     torch.manual_seed(seed)
     torch.cuda.manual_seed(seed)
     device_type, ptdtype, ctx = precision(device, dtype)
-    model, meta = load_gpt(os.path.join(out_dir, 'ckpt.pt'), device)
+    model, meta = load_gpt(init_from, device)
     model.eval().to(device)
     if meta['pixels']:
         with ctx:

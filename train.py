@@ -30,6 +30,7 @@ from checkpoint import (MetricsLog, check_resumable, kept, load_checkpoint, rest
 from checks import check_train_config
 from data import Batches, bits_per_dim
 from model import GPT, GPTConfig, attention_reports
+from pretrained import OWN_STARTS, check_tokens, fine_tune_args, load_base, load_base_weights
 from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, stored_as, val_tokens_needed
 from runtime import all_sum, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
@@ -47,7 +48,8 @@ wandb_log = False           # also log to Weights & Biases (wandb imported only 
 wandb_project = 'attention-lab'
 wandb_run_name = 'run'
 always_save_checkpoint = True  # else only when val loss improves
-init_from = 'scratch'       # 'scratch', 'resume' (from out_dir/ckpt.pt), or 'auto': resume if it exists
+init_from = 'scratch'       # 'scratch', 'resume' (out_dir/ckpt.pt), 'auto' (resume if it exists), or a base to
+                            # fine-tune (pretrained.py): 'gpt2'..'gpt2-xl', a Hub-layout folder, a ckpt.pt of ours
 # data
 dataset = 'recall'          # a name in prepare.DATASETS
 data_dir = ''               # default: data/<dataset>
@@ -100,6 +102,7 @@ seed = 1337                 # model init, dropout and batches
 globals().update(dataclass_defaults(AttentionConfig, globals()))
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
+defaults = {k: globals()[k] for k in config_keys}  # a fine-tune takes the base's value of every key left at these
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 config = {k: globals()[k] for k in config_keys}  # will be useful for logging
 # -----------------------------------------------------------------------------
@@ -115,6 +118,16 @@ try:
 except ValueError as e:
     fail(e)
 kind = dataset_kind(dataset)  # 'text', 'examples', 'image' or 'pixels' (prepare.DATASETS): images train a ViT
+
+# a base to fine-tune (pretrained.py) is read, and this run's settings checked against it, before any folder is made
+set_keys = {k for k in config_keys if config[k] != defaults[k]}  # what the config files and the command line set
+base, base_name = None, None if init_from in OWN_STARTS else init_from  # base_name: what a checkpoint records
+if init_from not in OWN_STARTS:  # checks.py refused a base for a ViT
+    try:
+        base = load_base(init_from)
+        fine_tune_args(base, dataclass_values(GPTConfig, globals()), set_keys)
+    except ValueError as e:
+        fail(e)
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
@@ -156,7 +169,8 @@ data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 if master_process:
     try:
         check_dataset_dir(dataset, data_dir)  # a damaged folder, or another dataset's, is never written to
-        prepare_dataset(dataset, data_dir, data_source, config)
+        chars = base['meta'].get('itos') if base and base['meta'].get('encoding') == 'chars' else None
+        prepare_dataset(dataset, data_dir, data_source, config, **({'chars': chars} if chars else {}))
     except (OSError, RuntimeError, ValueError) as e:
         fail(e)
 if ddp:
@@ -167,6 +181,8 @@ try:
                       augment=augment, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, cutmix_prob=cutmix_prob,
                       label_smoothing=label_smoothing)  # images: augmentation of the training batches
     batches.check_sizes(val_tokens_needed(config))  # every split holds a whole batch row
+    if base:
+        check_tokens(base, meta)
 except ValueError as e:
     fail(e)
 train_generator = torch.Generator().manual_seed(seed)  # its state is the data position; checkpointed
@@ -184,18 +200,32 @@ if init_from == 'resume':
         fail(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use init_from='scratch'")
     checkpoint = load_checkpoint(ckpt_path, device)
     try:
-        check_resumable(checkpoint, ckpt_path, model_args, dataset, max_iters)  # this model and data, not past the end
+        if checkpoint.get('base'):  # a fine-tune: its shape is the checkpoint's, as it was its base's
+            base_name = checkpoint['base']
+            model_args = fine_tune_args({'name': ckpt_path, 'model_args': checkpoint['model_args']}, model_args,
+                                        set_keys)
+        check_resumable(checkpoint, ckpt_path, model_args, dataset, max_iters,  # this model and data, not past the end
+                        dataclass_defaults(ModelConfig, {}))
     except ValueError as e:
         fail(e)
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
     saved_iter = iter_num
     print(f"resuming from {ckpt_path} at iteration {iter_num}") if master_process else None
+elif base:
+    model_args = fine_tune_args(base, model_args, set_keys)
 try:
     model = Model(ModelConfig(**model_args))
+    if base:
+        load_base_weights(model, base)
+        base = None  # free memory
 except ValueError as e:
     fail(e)
 if checkpoint is not None:
     model.load_state_dict(checkpoint['model'])
+if master_process:
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"parameters: {sum(p.numel() for p in model.parameters()):,}, trained: {trained:,}"
+          + (f" (fine-tuning {base_name})" if base_name else ''))
 model.to(device)
 raw_model = model  # unwrapped: what is saved and what estimate_mfu asks
 
@@ -337,7 +367,7 @@ while True:
                     checkpoint = {
                         'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
                         'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config, 'meta': meta,
-                        'rng': rng, 'data_rng': train_generator.get_state(),
+                        'rng': rng, 'data_rng': train_generator.get_state(), 'base': base_name,
                     }
                     print(f"saving checkpoint to {out_dir}")
                     save_checkpoint(checkpoint, ckpt_path)

@@ -33,6 +33,7 @@ def _recall_args(cfg):
 
 DATASETS = {
     'shakespeare_char': ('shakespeare_char', 'text', None),
+    'shakespeare': ('shakespeare', 'text', None),  # GPT-2 BPE: for fine-tuning GPT-2
     'recall': ('recall', 'examples', _recall_args),
     'passkey': ('passkey', 'examples', lambda cfg: dict(seq_len=cfg['block_size'])),  # trained short, tested long
     'openwebtext': ('openwebtext', 'text', _token_budget),
@@ -60,11 +61,13 @@ def dataset_kind(name):
     return DATASETS[name][1]
 
 
-def prepare_dataset(name, data_dir, source, config):
-    """Prepare dataset `name` into data_dir (download, or read `source`) unless it is already there."""
+def prepare_dataset(name, data_dir, source, config, **extra):
+    """Prepare dataset `name` into data_dir (download, or read `source`) unless it is already there. extra: passed
+    on to the module's prepare (chars=: a character dataset encoded with a base model's characters)."""
     check_dataset_name(name)
     module, _, args = DATASETS[name]
-    importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None, **(args(config) if args else {}))
+    importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None,
+                                                         **(args(config) if args else {}), **extra)
 
 
 # -----------------------------------------------------------------------------

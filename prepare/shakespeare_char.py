@@ -28,12 +28,17 @@ def read_text(source):
                            f"(or --data_source=PATH to train.py)") from e
 
 
-def prepare(data_dir=DEFAULT_DIR, source=None):
-    """Write train.bin, val.bin and meta.json into data_dir; return at once if they are already there."""
+def prepare(data_dir=DEFAULT_DIR, source=None, chars=None):
+    """Write train.bin, val.bin and meta.json into data_dir; return at once if they are already there. chars: the
+    characters to encode with, in token order (a base model's, to fine-tune it on another text); default the text's."""
     if os.path.exists(os.path.join(data_dir, 'meta.json')):
         return
     text = read_text(source)
-    chars = sorted(set(text))
+    unknown = sorted(set(text) - set(chars or text))
+    if unknown:
+        raise ValueError(f"{source or URL} has {len(unknown)} character(s) the base model does not know: "
+                         f"{' '.join(map(repr, unknown[:20]))}; remove them from the text")
+    chars = list(chars) if chars else sorted(set(text))
     stoi = {ch: i for i, ch in enumerate(chars)}
     tokens = np.array([stoi[c] for c in text], dtype=np.uint16)
     n = int(0.9 * len(tokens))

@@ -80,11 +80,12 @@ def rule_cases(cases, capability=None):
     """pytest params for a test that runs every rule: each case (config keys naming its `attention` rule) runs
     where its rule declares `capability` (an Attention class attribute: has_cache, has_flex,
     has_bidirectional_form) and is skipped, saying why, where it does not."""
-    from attention import rule_class
+    from attention import ATTENTION, rule_class
     params = []
     for kw in cases:
-        rule = rule_class(kw['attention'], kw.get('krause_mix', False))
-        missing = capability is not None and not getattr(rule, capability)
-        marks = pytest.mark.skip(reason=f"{rule.__name__} does not declare {capability}") if missing else ()
+        mix = kw.get('mix', False) or (kw.get('krause_mix', False) and kw['attention'] == 'krause')
+        rules = [rule_class(kw['attention'], mix)] + ([ATTENTION[kw['attention']]] if mix else [])  # a mix: both
+        lacking = [rule for rule in rules if capability is not None and not getattr(rule, capability)]
+        marks = pytest.mark.skip(reason=f"{lacking[0].__name__} does not declare {capability}") if lacking else ()
         params.append(pytest.param(kw, marks=marks, id='-'.join(f'{k}={v}' for k, v in kw.items())))
     return params

@@ -8,7 +8,7 @@ import torch
 
 from conftest import iter_losses, run_script
 
-from attention import AttentionConfig, KrauseAttention, KrauseMixAttention, build_attention
+from attention import AttentionConfig, KrauseAttention, MixAttention, build_attention
 from attention_tools import in_causal_window
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex backward)")
@@ -24,6 +24,7 @@ CASES = [
     (dict(attention='krause', krause_window=256, krause_topk=192), 1000),
     (dict(attention='krause', causal=False, grid_size=8, krause_topk=2), 65),
     (dict(attention='krause', krause_mix=True, krause_window=32, krause_topk=16), 1000),
+    (dict(attention='tda', mix=True), 1000),
     (dict(attention='attentionx', attnx_gamma=3.0, attnx_learnable_gamma=True), 1000),
     (dict(attention='attentionx', attnx_gamma=3.0, attnx_learnable_gamma=True, window=64), 1000),
     (dict(attention='attentionx', causal=False, attnx_learnable_gamma=True), 300),
@@ -53,8 +54,8 @@ def ambiguous_topk_rows(attn, tensors):
     """(B, H, T) bool: Krause rows whose k-th and (k+1)-th scores (float64) lie within float32 rounding of each
     other. There the top k is ambiguous in float32, and flex (its own summation order) may keep the other key: one
     key of k swapped moves that row's output by about 1/k (seen on an H100: W=256 k=192, and the mix form)."""
-    if isinstance(attn, KrauseMixAttention):
-        return ambiguous_topk_rows(attn.krause, tensors[3:])
+    if isinstance(attn, MixAttention):
+        return ambiguous_topk_rows(attn.rule, tensors[3:])
     if not isinstance(attn, KrauseAttention):
         return torch.zeros(tensors[0].shape[:3], dtype=torch.bool, device=tensors[0].device)
     q, k = tensors[0].double(), tensors[1].double()

@@ -143,11 +143,11 @@ def test_mix_gate_starts_at_point_eight_and_mixes_per_token():
     assert mix.gate.bias.softmax(-1).tolist() == pytest.approx([0.8, 0.2])
     assert 0 < mix.gate.weight.std().item() < 0.02  # N(0, 0.01), not the Linears' N(0, 0.02)
     x = torch.randn(2, 12, 16)
-    y_softmax, y_krause = mix.softmax(x), mix.krause(x)
+    y_softmax, y_krause = mix.softmax(x), mix.rule(x)
     logits = torch.cat([y_softmax, y_krause], -1) @ mix.gate.weight.T + mix.gate.bias
     g = logits.softmax(-1)
     torch.testing.assert_close(mix(x), g[..., :1] * y_softmax + g[..., 1:] * y_krause)
-    assert 'krause.log_sigma' in dict(mix.named_parameters())
+    assert 'rule.log_sigma' in dict(mix.named_parameters())
 
 
 def test_sigma_is_learned_per_head():
@@ -165,7 +165,7 @@ def test_sigma_is_learned_per_head():
     (dict(causal=False, grid_size=8, block_size=65, krause_metric='euclid'), "krause_metric must be 'manhattan'"),
     (dict(causal=False, grid_size=8, block_size=50), 'square patch grid'),
     (dict(causal=False, grid_size=0, block_size=64), 'square patch grid'),
-    (dict(causal=False, grid_size=8, block_size=65, krause_mix=True), 'krause_mix is the language-model form'),
+    (dict(causal=False, grid_size=8, block_size=65, krause_mix=True), 'is the language-model form'),
 ])
 def test_bad_settings_fail_at_construction(kw, match):
     cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, attention='krause'), **kw})

@@ -62,7 +62,7 @@ ROWS = {
     'learning_rate=0': ('train.py --learning_rate=0.0', r"learning_rate=0.0 must be positive"),
     'weight_decay<0': ('train.py --weight_decay=-0.1', r"weight_decay=-0.1 must not be negative"),
     'recall_pairs>recall_keys': ('train.py --recall_pairs=20', r"recall_pairs=20 must be at most recall_keys=16"),
-    'init_from=x': ('train.py --init_from=x', r"init_from must be 'scratch', 'resume' or 'auto'"),
+    'init_from=x': ('train.py --init_from=x', r"init_from='x' is neither 'scratch', 'resume', 'auto'"),
     'device=gpu': ('train.py --device=gpu', r"device='gpu' is not a device; pass --device=cpu"),
     'hellaswag on recall': ('train.py --hellaswag=True', r"hellaswag=True needs a GPT-2 BPE dataset"),
     'accumulation vs processes': ('train.py --gradient_accumulation_steps=4',  # run with WORLD_SIZE=3 (ENV)

@@ -1,0 +1,219 @@
+"""
+Start from a pretrained model, as nanoGPT's init_from='gpt2' does, and optionally add a rule beside its attention.
+
+A base is one of:
+  'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'   GPT-2's weights from the Hugging Face Hub (huggingface_hub and
+                                                   safetensors read them; transformers is not needed)
+  a folder in the Hub's layout                      config.json + model.safetensors of a GPT-2 (offline users, tests)
+  a checkpoint of ours (path/to/ckpt.pt)            any GPT trained here, its LoRA merged if it has one
+
+The base fixes the model's shape; a fine-tune may set dropout, a shorter block_size, LoRA (lora.py) and, with
+mix=True on a softmax base, a rule beside the pretrained attention in every layer (MixAttention): the pretrained
+attention becomes the softmax branch, the rule's branch starts with copies of its q/k/v/out projections, and the
+gate starts at 0.8 / 0.2 (the Krause paper's language-model fine-tune: attention='krause', krause_sigma=5.5,
+krause_window=32, krause_topk=16, LoRA r=16, α=32, dropout 0.1).
+"""
+import difflib
+import json
+import os
+from dataclasses import fields
+from types import SimpleNamespace
+
+import torch
+
+from attention import ClusterConfig, KrauseConfig, AttentionXConfig, TDAConfig, mixed
+from checkpoint import load_checkpoint
+from lora import merged_state
+
+GPT2_MODELS = {'gpt2': 'openai-community/gpt2', 'gpt2-medium': 'openai-community/gpt2-medium',
+               'gpt2-large': 'openai-community/gpt2-large', 'gpt2-xl': 'openai-community/gpt2-xl'}  # name -> Hub id
+HUB_FILES = ('config.json', 'model.safetensors')
+OWN_STARTS = ('scratch', 'resume', 'auto')  # train.py's init_from values that are not a base
+GELU = {'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh', 'gelu': 'none'}  # GPT-2 config's activation -> ours
+# what a fine-tune sets itself (block_size only shorter); everything else of the model comes from the base
+FINE_TUNE_KEYS = ('dropout', 'flex', 'lora_rank', 'lora_alpha', 'lora_dropout', 'lora_targets')
+# and, where it adds a rule beside a softmax base (mix=True), that rule and its keys
+SHORTCUT_KEYS = ('attention', 'mix') + tuple(f.name for cls in (KrauseConfig, AttentionXConfig, TDAConfig,
+                                                                ClusterConfig) for f in fields(cls))
+
+
+def hub_layout_help(folder='DIR'):
+    return (f"a folder in the Hugging Face layout holds {' and '.join(HUB_FILES)} (e.g. `hf download "
+            f"openai-community/gpt2 {' '.join(HUB_FILES)} --local-dir {folder}`)")
+
+
+def check_init_from(init_from):
+    """ValueError unless init_from is scratch/resume/auto, a GPT-2 name, a file, or a folder in the Hub's layout."""
+    if init_from in OWN_STARTS or init_from in GPT2_MODELS:
+        return
+    if os.path.isdir(init_from):
+        missing = [f for f in HUB_FILES if not os.path.isfile(os.path.join(init_from, f))]
+        if missing:
+            raise ValueError(f"init_from={init_from} lacks {', '.join(missing)}: {hub_layout_help(init_from)}")
+        return
+    if os.path.isfile(init_from):
+        return
+    hint = difflib.get_close_matches(init_from, list(OWN_STARTS) + list(GPT2_MODELS), n=1)
+    raise ValueError(f"init_from={init_from!r} is neither 'scratch', 'resume', 'auto', a GPT-2 model "
+                     f"({', '.join(GPT2_MODELS)}) nor an existing path (a ckpt.pt of ours, or {hub_layout_help()})"
+                     + (f"; did you mean '{hint[0]}'?" if hint else ''))
+
+
+def load_base(init_from):
+    """{'name', 'model_args', 'state' (our parameter names, CPU), 'meta' (what its tokens are)} of a base;
+    ValueError (one line, saying what to do) where it cannot be had."""
+    if init_from in GPT2_MODELS:
+        return {**read_hub_folder(hub_folder(init_from)), 'name': init_from}
+    if os.path.isdir(init_from):
+        return {**read_hub_folder(init_from), 'name': init_from}
+    checkpoint = load_checkpoint(init_from, 'cpu', hint="pass --init_from=PATH of a ckpt.pt")
+    if checkpoint.get('meta', {}).get('kind') == 'image' or 'model_args' not in checkpoint:
+        raise ValueError(f"init_from={init_from} is not a GPT checkpoint of ours; a base is a GPT (text or pixels)")
+    model_args, state = dict(checkpoint['model_args']), checkpoint['model']
+    if model_args.get('lora_rank'):  # a fine-tune of a fine-tune starts from the merged weights
+        state = merged_state(state, model_args['lora_alpha'] / model_args['lora_rank'])
+        model_args['lora_rank'] = 0
+    return {'name': init_from, 'model_args': model_args, 'state': state, 'meta': checkpoint.get('meta', {})}
+
+
+def hub_folder(name):
+    """The local folder of GPT-2 `name`'s config.json and model.safetensors, downloaded once (the Hub's cache)."""
+    from huggingface_hub import snapshot_download  # installed with datasets
+    try:
+        return snapshot_download(GPT2_MODELS[name], allow_patterns=list(HUB_FILES))
+    except Exception as e:  # offline, the Hub down, a proxy: all say the same thing to the user
+        raise ValueError(f"could not download {name} ({GPT2_MODELS[name]}) from the Hugging Face Hub "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}); offline? fetch "
+                         f"its {' and '.join(HUB_FILES)} on a machine that can and pass --init_from=THAT_FOLDER") from None
+
+
+def read_hub_folder(folder):
+    """A GPT-2 in the Hugging Face layout -> {'model_args', 'state', 'meta'}: Conv1D weights (in, out) transposed
+    to our Linears' (out, in), names mapped, every tensor's shape checked against config.json."""
+    from safetensors.torch import load_file
+    damaged = f"the folder is damaged or holds another model: {hub_layout_help(folder)} of a GPT-2"
+    try:
+        with open(os.path.join(folder, 'config.json')) as f:
+            cfg = json.load(f)
+        hf = load_file(os.path.join(folder, 'model.safetensors'))
+    except (OSError, ValueError) as e:  # missing, unreadable, not JSON, a truncated safetensors (SafetensorError)
+        raise ValueError(f"cannot read {folder} ({type(e).__name__}: {str(e).splitlines()[0][:150]}); {damaged}")
+    except Exception as e:  # safetensors' own error type is not an OSError
+        raise ValueError(f"cannot read {folder}/model.safetensors ({type(e).__name__}: {e}); {damaged}") from None
+    if not isinstance(cfg, dict) or cfg.get('model_type') != 'gpt2':
+        raise ValueError(f"{folder}/config.json is not a GPT-2's (model_type {cfg.get('model_type') if isinstance(cfg, dict) else cfg!r}); {damaged}")
+    unsupported = {'activation_function': cfg.get('activation_function', 'gelu_new') not in GELU,
+                   'layer_norm_epsilon': cfg.get('layer_norm_epsilon', 1e-5) != 1e-5,
+                   'scale_attn_weights': not cfg.get('scale_attn_weights', True),
+                   'scale_attn_by_inverse_layer_idx': cfg.get('scale_attn_by_inverse_layer_idx', False)}
+    if any(unsupported.values()):
+        key = next(k for k, bad in unsupported.items() if bad)
+        raise ValueError(f"{folder}/config.json sets {key}={cfg.get(key)!r}, which this GPT does not compute "
+                         f"(it has GELU or tanh-GELU, LayerNorm eps 1e-5, scores scaled by 1/sqrt(head size))")
+    C, L = cfg['n_embd'], cfg['n_layer']
+    hidden = cfg.get('n_inner') or 4 * C
+    model_args = dict(n_layer=L, n_head=cfg['n_head'], n_embd=C, block_size=cfg['n_positions'],
+                      vocab_size=cfg['vocab_size'], bias=True, mlp_hidden=cfg.get('n_inner') or 0, tie_weights=True,
+                      pos_emb='learned', attention='softmax', mix=False, krause_mix=False, window=0,
+                      gelu_approximate=GELU[cfg.get('activation_function', 'gelu_new')])
+    hf = {k.removeprefix('transformer.'): v for k, v in hf.items()}
+    expected = [('wte.weight', (cfg['vocab_size'], C)), ('wpe.weight', (cfg['n_positions'], C)),
+                ('ln_f.weight', (C,)), ('ln_f.bias', (C,))]
+    for i in range(L):
+        expected += [(f'h.{i}.{name}', shape) for name, shape in (
+            ('ln_1.weight', (C,)), ('ln_1.bias', (C,)), ('attn.c_attn.weight', (C, 3 * C)), ('attn.c_attn.bias', (3 * C,)),
+            ('attn.c_proj.weight', (C, C)), ('attn.c_proj.bias', (C,)), ('ln_2.weight', (C,)), ('ln_2.bias', (C,)),
+            ('mlp.c_fc.weight', (C, hidden)), ('mlp.c_fc.bias', (hidden,)), ('mlp.c_proj.weight', (hidden, C)),
+            ('mlp.c_proj.bias', (C,)))]
+    state = {}
+    for name, shape in expected:
+        if name not in hf or tuple(hf[name].shape) != shape:
+            found = 'is missing' if name not in hf else f"has shape {tuple(hf[name].shape)}"
+            raise ValueError(f"{folder}/model.safetensors: {name} {found}, config.json implies {shape}; {damaged}")
+        conv1d = name.endswith('.weight') and ('.attn.' in name or '.mlp.' in name)  # Conv1D keeps (in, out)
+        state['transformer.' + name] = (hf[name].t() if conv1d else hf[name]).float().contiguous()
+    state['lm_head.weight'] = state['transformer.wte.weight']  # tied, as GPT-2's
+    return {'model_args': model_args, 'state': state,
+            'meta': {'kind': 'text', 'encoding': 'gpt2', 'vocab_size': cfg['vocab_size']}}
+
+
+def fine_tune_args(base, run_args, set_keys):
+    """The model settings of a fine-tune of `base`: the base's, except the keys a fine-tune sets (FINE_TUNE_KEYS; a
+    block_size no longer than the base's; with mix=True on a softmax base, the rule beside it). run_args: this run's
+    model settings; set_keys: those its config or command line set. A set key that contradicts the base is a
+    ValueError, one line naming it."""
+    args = {**run_args, **base['model_args']}
+    adds_shortcut = mixed_args(run_args) and not mixed_args(base['model_args'])
+    if adds_shortcut and base['model_args'].get('attention') != 'softmax':
+        raise ValueError(f"mix=True adds a rule beside a softmax base's attention, but {base['name']} has "
+                         f"attention={base['model_args'].get('attention')!r}; start from a softmax model")
+    free = FINE_TUNE_KEYS + (SHORTCUT_KEYS if adds_shortcut else ())
+    for key, value in run_args.items():
+        if key in free:
+            args[key] = value
+        elif key == 'block_size' and key in set_keys:
+            if value > base['model_args']['block_size'] and args.get('pos_emb') == 'learned':
+                raise ValueError(f"block_size={value} is longer than {base['name']}'s {base['model_args']['block_size']} "
+                                 f"learned positions; pass --block_size={base['model_args']['block_size']} or less")
+            args[key] = value  # the position table is cropped (crop_positions)
+        elif key in set_keys and key != 'vocab_size' and value != args[key]:
+            raise ValueError(f"{key}={value!r} contradicts the base {base['name']} ({key}={args[key]!r}): a fine-tune "
+                             f"keeps the base's shape and rule; drop --{key} (or add a rule beside it with mix=True)")
+    return args
+
+
+def mixed_args(args):  # attention.mixed on a dict of model settings
+    return mixed(SimpleNamespace(**{'mix': False, 'krause_mix': False, 'attention': 'softmax', **args}))
+
+
+def check_tokens(base, meta):
+    """ValueError unless the data's tokens (meta.json) are the base's: GPT-2 BPE for GPT-2, the same characters for
+    a character model."""
+    theirs, ours = base['meta'].get('encoding'), meta.get('encoding')
+    if theirs != ours:
+        raise ValueError(f"{base['name']} reads {theirs} tokens, the dataset {meta.get('dataset')} has {ours}; fine-tune "
+                         f"on a dataset of the base's tokens (GPT-2 BPE: shakespeare, openwebtext, fineweb_edu)")
+    if ours == 'chars' and base['meta'].get('itos') != meta.get('itos'):
+        raise ValueError(f"the dataset's characters are not {base['name']}'s; prepare it into a new --data_dir "
+                         f"(train.py encodes it with the base's characters)")
+
+
+def base_state(base, model):
+    """The base's weights in the names of `model` (a fine-tune of it): the position table cropped to its
+    block_size; with a shortcut added (MixAttention), the pretrained attention as its softmax branch and copies of
+    its projections in the rule's branch (c_attn's q, k, v rows to each q*, k*, v* projection the rule has, c_proj
+    as it is), the rule's own parameters and the gate as the model initialised them."""
+    state = dict(base['state'])
+    wpe = 'transformer.wpe.weight'
+    if wpe in state:
+        state[wpe] = state[wpe][:model.config.block_size]
+    if not (mixed(model.config) and not mixed_args(base['model_args'])):
+        return state
+    C, own = model.config.n_embd, model.state_dict()
+    for i, block in enumerate(model.transformer.h):
+        prefix, rule = f'transformer.h.{i}.attn', block.attn.rule
+        for name in [k[len(prefix) + 1:] for k in list(state) if k.startswith(prefix + '.')]:
+            state[f'{prefix}.softmax.{name}'] = state.pop(f'{prefix}.{name}')
+        for part in ('weight', 'bias'):
+            if f'{prefix}.softmax.c_attn.{part}' not in state:
+                continue  # bias=False
+            q, k, v = state[f'{prefix}.softmax.c_attn.{part}'].split(C, dim=0)
+            copies = {'q': q, 'k': k, 'v': v}
+            if any(p[0] not in copies for p in rule.projections):
+                raise ValueError(f"{type(rule).__name__}'s projections {rule.projections} are not q*/k*/v*: its branch "
+                                 f"cannot start from the pretrained ones")
+            state[f'{prefix}.rule.c_attn.{part}'] = torch.cat([copies[p[0]] for p in rule.projections]).clone()
+            state[f'{prefix}.rule.c_proj.{part}'] = state[f'{prefix}.softmax.c_proj.{part}'].clone()
+    for key in own:  # what the base has nothing for: the gate, the rule's own parameters, LoRA
+        state.setdefault(key, own[key])
+    return state
+
+
+def load_base_weights(model, base):
+    """Put the base's weights into `model`; ValueError naming what does not fit."""
+    state = base_state(base, model)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith(('.lora_A', '.lora_B'))]
+    if missing or unexpected:
+        raise ValueError(f"{base['name']}'s weights do not fit this model (missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]}); it was made by another version of the model")
