@@ -73,6 +73,12 @@ pos_emb = 'learned'         # 'learned', 'rope' or 'none' (no positions: causali
 mlp_hidden = 0              # 0 means 4 * n_embd
 tie_weights = True
 drop_path = 0.0             # stochastic depth of the last block, linear from 0 at the first (the ViT recipes)
+gelu_approximate = 'none'   # the MLP's GELU: 'none' (exact) or 'tanh' (GPT-2's; a GPT-2 base sets it)
+# fine-tuning a base (init_from): LoRA trains low-rank updates of some Linears and freezes the rest (lora.py)
+lora_rank = 0               # rank of each update; 0: no LoRA, every weight trains
+lora_alpha = 32.0           # the update is scaled by lora_alpha / lora_rank
+lora_dropout = 0.0          # dropout on the update's input
+lora_targets = 'c_attn,c_proj,c_fc'  # the Linears adapted: attention q/k/v and out (every branch), the MLP's two
 # images (ViT): a dataset of kind 'image' trains a ViT; training batches are augmented on the device
 patch_size = 4              # must divide the 32-pixel image side
 num_classes = 0             # 0: from the prepared dataset's meta.json; else checked against it
