@@ -138,10 +138,10 @@ def read_hub_folder(folder):
 
 
 def fine_tune_args(base, run_args, set_keys):
-    """The model settings of a fine-tune of `base`: the base's, except the keys a fine-tune sets (FINE_TUNE_KEYS; a
-    block_size no longer than the base's; with mix=True on a softmax base, the rule beside it). run_args: this run's
-    model settings; set_keys: those its config or command line set. A set key that contradicts the base is a
-    ValueError, one line naming it."""
+    """The model settings of a fine-tune of `base` (or of a resumed fine-tune, its checkpoint): the base's, except
+    the keys a fine-tune may set and did (FINE_TUNE_KEYS; a block_size no longer than the base's; with mix=True on a
+    softmax base, the rule beside it). run_args: this run's model settings; set_keys: those its config or command
+    line set. A set key that contradicts the base is a ValueError, one line naming it."""
     args = {**run_args, **base['model_args']}
     adds_shortcut = mixed_args(run_args) and not mixed_args(base['model_args'])
     if adds_shortcut and base['model_args'].get('attention') != 'softmax':
@@ -149,7 +149,7 @@ def fine_tune_args(base, run_args, set_keys):
                          f"attention={base['model_args'].get('attention')!r}; start from a softmax model")
     free = FINE_TUNE_KEYS + (SHORTCUT_KEYS if adds_shortcut else ())
     for key, value in run_args.items():
-        if key in free:
+        if key in free and key in set_keys:
             args[key] = value
         elif key == 'block_size' and key in set_keys:
             if value > base['model_args']['block_size'] and args.get('pos_emb') == 'learned':
