@@ -17,6 +17,8 @@ and from the residual stream X (T, C) after block l (per example, then averaged 
   eff. rank     exp(entropy of the normalised singular values of X itself, not centred): identical tokens give 1
   groups        token groups: connected components of the graph 1[cos(x_i, x_j) > τ] for τ = 0.9, 0.95, 0.99
                 (groups of tokens that have come together, not cluster attention's clusters)
+A mix layer (mix=True: a softmax branch beside the rule, gated per token) reports W = g_0 W_softmax + g_1 W_rule, and
+per branch its first-token share and the mean gate g_0 to the softmax branch ('branches'; dashed in the sink plot).
 A metric with no meaning for a rule (its weights are not a distribution; token 0 folded into cluster summaries) is
 n/a, with the reason. `untrained=True` adds a freshly initialised model of the same config beside each checkpoint.
 Install matplotlib (`pip install matplotlib`) for the plots; nothing else needs it.
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from augment import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, normalize
+from attention import MixAttention
 from model import GPT, GPTConfig
 from prepare import check_files, dataset_kind, read_meta, recorded_dataset
 from checkpoint import load_checkpoint
@@ -175,8 +178,9 @@ def analyse(model, x):
                'residual': float(np.mean([collapse_residual(t) for t in X])),
                'effective_rank': float(np.mean([effective_rank(t) for t in X])),
                'token_groups': {str(t): float(np.mean([token_groups(e, t) for e in X])) for t in THRESHOLDS}}
+        tensors = attn.project(inputs[i])
         try:
-            w = attn.attention_weights(*attn.project(inputs[i])).float().cpu()
+            w = attn.attention_weights(*tensors).float().cpu()
         except NotImplementedError as e:
             row['weights'] = f"n/a: {e}"
             layers.append(row)
@@ -197,9 +201,20 @@ def analyse(model, x):
             row['heads']['first_token_share'] = share.tolist()
             row['heads']['sink_ratio'] = (share / base).tolist()
         row['uniform_share'] = base
+        if isinstance(attn, MixAttention):
+            row['branches'] = branches(attn, tensors)
         layers.append(row)
         maps.append(w)
     return layers, maps
+
+
+def branches(attn, tensors):
+    """A mix layer's two branches: each one's first-token share per head, and the mean gate to the softmax branch."""
+    w_softmax, w_rule, g = attn.branch_weights(*tensors)
+    note = attn.rule.first_token_note
+    return {'softmax': first_token_share(w_softmax.float().cpu())[0].tolist(),
+            'rule': f"n/a: {note}" if note else first_token_share(w_rule.float().cpu())[0].tolist(),
+            'gate_softmax': g[..., 0].mean().item()}  # in the model's dtype
 
 
 def mean(v):
@@ -216,6 +231,7 @@ def print_table(entry):
     notes = {r.get('weights') for r in entry['layers']} | {h for r in entry['layers'] for h in
                                                            [r.get('heads', {}).get('first_token_share')]
                                                            if isinstance(h, str)}
+    notes |= {r['branches']['rule'] for r in entry['layers'] if isinstance(r.get('branches', {}).get('rule'), str)}
     for note in sorted(n for n in notes if n):
         print(f"  note: {note}")
     print(f"{'layer':>5} {'head':>4} {'1st-tok':>8} {'ratio':>7} {'sparsity':>8} {'entropy':>7} | {'residual':>8} "
@@ -230,6 +246,10 @@ def print_table(entry):
         for h in range(len(heads.get('sparsity', []))):
             print(f"{'':>5} {h:>4} " + ' '.join(f"{fmt(v[h] if isinstance(v, list) else None):>{n}}"
                                                for v, n in zip(stats, (8, 7, 8, 7))))
+        if 'branches' in r:  # a mix layer: its two branches, and how much of each token the softmax branch gives
+            b = r['branches']
+            print(f"{'':>5} softmax branch 1st-tok {fmt(mean(b['softmax']))}, rule branch {fmt(mean(b['rule']))}, "
+                  f"gate to softmax {fmt(b['gate_softmax'])}")
 
 
 # -----------------------------------------------------------------------------
@@ -267,11 +287,16 @@ def make_plots(entries, all_maps, folder):
         plt.close(fig)
         written.append(path)
 
-    def per_layer(ax, key, title, ylabel, baseline=None):
+    def per_layer(ax, key, title, ylabel, baseline=None, branch=None):
         for entry in entries:
-            ys = [key(r) for r in entry['layers']]
+            ys, colour = [key(r) for r in entry['layers']], None
             if any(y is not None for y in ys):
-                ax.plot(range(len(ys)), [np.nan if y is None else y for y in ys], marker='o', label=entry['name'])
+                colour = ax.plot(range(len(ys)), [np.nan if y is None else y for y in ys], marker='o',
+                                 label=entry['name'])[0].get_color()
+            ys = [branch(r) for r in entry['layers']] if branch else []
+            if any(y is not None for y in ys):  # mix checkpoints: the softmax branch, dashed, in the entry's colour
+                ax.plot(range(len(ys)), [np.nan if y is None else y for y in ys], marker='o', linestyle='--',
+                        color=colour, label=f"{entry['name']} softmax branch")
         if baseline is not None:
             ax.axhline(baseline, color='grey', linestyle='--', label='uniform weights')
         ax.set_title(title, fontsize=9)
@@ -282,7 +307,8 @@ def make_plots(entries, all_maps, folder):
     fig, ax = plt.subplots(figsize=(6, 4))
     base = next((r['uniform_share'] for e in entries for r in e['layers'] if 'uniform_share' in r), None)
     per_layer(ax, lambda r: mean(r.get('heads', {}).get('first_token_share')), 'first-token share (attention sink) '
-              'vs layer, mean over heads', 'share of weight on token 0', base)
+              'vs layer, mean over heads', 'share of weight on token 0', base,
+              branch=lambda r: mean(r.get('branches', {}).get('softmax')))
     fig.tight_layout()
     written.append(os.path.join(folder, 'sink.png'))
     fig.savefig(written[-1], dpi=80)

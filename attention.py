@@ -802,6 +802,10 @@ class MixAttention(Attention):
         self.rule = ATTENTION[config.attention](config, layer_idx)
         self.has_cache, self.has_flex = self.rule.has_cache, self.rule.has_flex
         self.gate = nn.Linear(2 * config.n_embd, 2)
+        if self.rule.weights_note:  # analyze.py: the mix is then no distribution either
+            self.weights_note = self.rule.weights_note
+        if self.rule.first_token_note:  # nor is token 0's share of it meaningful
+            self.first_token_note = self.rule.first_token_note
 
     def init_extra(self):
         nn.init.normal_(self.gate.weight, std=0.01)
@@ -838,6 +842,19 @@ class MixAttention(Attention):
     @staticmethod
     def mixed(a, b, g):
         return g[..., :1] * a + g[..., 1:] * b
+
+    @torch.no_grad()
+    def branch_weights(self, *tensors):
+        """For analysis (short T, eval mode): (W_softmax, W_rule) (B, H, T, T), each branch's own attention_weights,
+        and the gates g (B, T, 2) from the two branches' outputs, from what project returns."""
+        q, k, v, *rule_tensors = tensors
+        g = self.gates(self.softmax.out(self.softmax.attend(q, k, v)), self.rule.out(self.rule.attend(*rule_tensors)))
+        return self.softmax.attention_weights(q, k, v), self.rule.attention_weights(*rule_tensors), g
+
+    def attention_weights(self, *tensors):
+        # each token's output is g_0 of the softmax branch's plus g_1 of the rule's: its weights mix the same way
+        w_softmax, w_rule, g = self.branch_weights(*tensors)
+        return self.mixed(w_softmax, w_rule, g.unsqueeze(1))  # g (B, 1, T, 2): each g_i (B, 1, T, 1), over heads, keys
 
 
 # -----------------------------------------------------------------------------

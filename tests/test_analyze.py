@@ -4,9 +4,10 @@ import math
 import pytest
 import torch
 
-from analyze import (token_groups, collapse_residual, effective_rank, entropy, first_token_share, sparsity,
+from analyze import (analyse, token_groups, collapse_residual, effective_rank, entropy, first_token_share, sparsity,
                      uniform_share)
-from attention import AttentionConfig, Attention, build_attention
+from attention import AttentionConfig, Attention, MixAttention, build_attention
+from model import GPT, GPTConfig
 
 
 def test_identical_tokens_are_collapsed():
@@ -70,3 +71,75 @@ def test_every_rule_gives_its_weights_through_the_frame(rule, extra):
     if rule == 'uniform':
         share, _ = first_token_share(w)
         assert torch.allclose(share / uniform_share(20, True), torch.ones(2, dtype=share.dtype))
+
+
+def mix_model(rule, **extra):
+    """A tiny float64 GPT whose layers are MixAttention (a softmax branch beside `rule`), gates far from constant."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=10, vocab_size=11, attention=rule, mix=True,
+                          **extra)).double().eval()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.gate.weight.normal_(0, 0.5)
+    return model
+
+
+def mix_reference(mix, x):
+    """(W_softmax, W_rule, g) by hand: softmax(q kᵀ/√D + causal mask), the rule's own attention_weights, and
+    g = softmax(Linear([y_softmax, y_rule])) with y = c_proj(merged heads of W v) per branch."""
+    q, k, v, *rule_tensors = mix.project(x)
+    T = x.size(1)
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))).masked_fill(~torch.ones(T, T).tril().bool(), -math.inf)
+    w_softmax, w_rule = scores.softmax(-1), mix.rule.attention_weights(*rule_tensors)
+    y = [(w @ value).transpose(1, 2).reshape(x.shape) @ branch.c_proj.weight.T + branch.c_proj.bias
+         for w, value, branch in ((w_softmax, v, mix.softmax), (w_rule, rule_tensors[-1], mix.rule))]
+    g = (torch.cat(y, -1) @ mix.gate.weight.T + mix.gate.bias).softmax(-1)
+    return w_softmax, w_rule, g, y
+
+
+@pytest.mark.parametrize('rule,extra', [('krause', dict(krause_window=4, krause_topk=2)), ('softmax', {})])
+def test_mix_weights_are_the_gated_sum_of_the_branches(rule, extra):
+    """MixAttention.attention_weights = g_0 W_softmax + g_1 W_rule, per query, against the formula by hand."""
+    mix = mix_model(rule, **extra).transformer.h[0].attn
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    w_softmax, w_rule, g, y = mix_reference(mix, x)
+    with torch.no_grad():
+        torch.testing.assert_close(mix(x), g[..., :1] * y[0] + g[..., 1:] * y[1])  # the hand gate is the mix's
+        w = mix.attention_weights(*mix.project(x))
+        for got, want in zip(mix.branch_weights(*mix.project(x)), (w_softmax, w_rule, g)):
+            torch.testing.assert_close(got, want)
+    torch.testing.assert_close(w, g[:, None, :, :1] * w_softmax + g[:, None, :, 1:] * w_rule)
+    assert g.std() > 0.01 and mix.weights_note is None  # the gate varies per token; both branches distributions
+    assert (w.triu(1) == 0).all() and torch.allclose(w.sum(-1), torch.ones(2, 2, 10, dtype=w.dtype))
+
+
+def test_mix_of_two_equal_softmax_branches_has_the_softmax_weights():
+    mix = mix_model('softmax').transformer.h[0].attn
+    mix.rule.load_state_dict(mix.softmax.state_dict())  # the rule's branch a copy of the softmax branch
+    tensors = mix.project(torch.randn(2, 10, 16, dtype=torch.float64))
+    with torch.no_grad():
+        torch.testing.assert_close(mix.attention_weights(*tensors), mix.softmax.attention_weights(*tensors[:3]))
+
+
+def test_analyse_reports_each_branch_of_a_mix_layer():
+    model = mix_model('krause', krause_window=4, krause_topk=2)
+    x = torch.randint(11, (3, 10))
+    inputs = []
+    hook = model.transformer.h[1].attn.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
+    layers, _ = analyse(model, x)
+    hook.remove()
+    mix, row = model.transformer.h[1].attn, layers[1]
+    with torch.no_grad():
+        w_softmax, _, g, _ = mix_reference(mix, inputs[0])
+    assert isinstance(mix, MixAttention) and row['heads']['entropy'] != 'n/a'
+    assert row['branches']['softmax'] == pytest.approx(first_token_share(w_softmax.float())[0].tolist())
+    assert row['branches']['gate_softmax'] == pytest.approx(g[..., 0].mean().item())
+    assert len(row['branches']['rule']) == 2
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.gate.weight.zero_()
+            block.attn.gate.bias.copy_(torch.tensor([math.log(4), 0.0], dtype=torch.float64))
+    assert [r['branches']['gate_softmax'] for r in analyse(model, x)[0]] == pytest.approx([0.8, 0.8], abs=1e-12)
+    cluster = analyse(mix_model('cluster', cluster_chunk=4), x)[0][0]  # token 0 in summaries: n/a, the rule's reason
+    assert cluster['branches']['rule'].startswith('n/a: token 0 is folded')
+    assert cluster['heads']['first_token_share'] == cluster['branches']['rule']
