@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from attention import AttentionConfig, build_attention
+from attention import AttentionConfig, build_attention, mixed
 from model import GPT, GPTConfig
 from runtime import DTYPES, dataclass_defaults, dataclass_values, peak_flops, precision
 
@@ -158,8 +158,8 @@ def report(row):
 def bench_attention():
     cases = []
     for T in [int(s) for s in str(seq_lens).split(',')]:
-        baseline = build_attention(attention_config(attention='softmax', window=0, flex=False, causal=True,
-                                                    block_size=T), 0).to(device, ptdtype)
+        baseline = build_attention(attention_config(attention='softmax', window=0, mix=False, krause_mix=False,
+                                                    flex=False, causal=True, block_size=T), 0).to(device, ptdtype)
         cases.append((dict(attention='softmax', path='sdpa', T=T, device=device),
                       attention_case(baseline, baseline.attend, T)))
         module = build_attention(attention_config(block_size=T), 0).to(device, ptdtype)
@@ -200,8 +200,8 @@ def bench_model():
 
 @torch.no_grad()
 def bench_generate():
-    rules = [dict(attention='softmax', window=0, krause_mix=False)]
-    if attention != 'softmax' or window:
+    rules = [dict(attention='softmax', window=0, krause_mix=False, mix=False)]  # softmax beside the rule
+    if attention != 'softmax' or window or mix:
         rules.append({})
     lengths = [int(s) for s in str(seq_lens).split(',')]
     # every position a run reaches: the longest context, then decode_tokens per timed run (warm-up included), so that
@@ -222,7 +222,7 @@ def bench_generate():
                 for _ in range(decode_tokens):
                     model(token, cache=cache)
             ms = milliseconds(step, warmup=1) / decode_tokens
-            name = cfg.attention + ('-mix' if cfg.krause_mix and cfg.attention == 'krause' else '')
+            name = cfg.attention + ('-mix' if mixed(cfg) else '')
             name += f" W={cfg.krause_window}" if cfg.attention == 'krause' else f" W={cfg.window}" if cfg.window else ''
             rows.append(dict(attention=name, path='decode', T=T, device=device, ms=ms, peak_mib=cache.nbytes() / 2**20,
                              tokens_per_s=batch * 1000 / ms))
@@ -234,8 +234,8 @@ def bench_generate():
 @torch.no_grad()
 def bench_images():
     from images import cache_mib, timed_draw
-    rules = [dict(attention='softmax', window=0, krause_mix=False)]
-    if attention != 'softmax' or window:
+    rules = [dict(attention='softmax', window=0, krause_mix=False, mix=False)]  # softmax beside the rule
+    if attention != 'softmax' or window or mix:
         rules.append({})
     rows = []
     for overrides in rules:
@@ -245,8 +245,9 @@ def bench_images():
         model = GPT(cfg).to(device, ptdtype).eval()
         with precision(device, dtype)[2]:
             _, images_per_s, seconds = timed_draw(model, batch, batch, image_tokens, temperature=1.0)
-        name = cfg.attention + (f" W={cfg.krause_window} k={cfg.krause_topk}" if cfg.attention == 'krause' else
-                                f" W={cfg.window}" if cfg.window else '')
+        name = cfg.attention + ('-mix' if mixed(cfg) else '') + (
+            f" W={cfg.krause_window} k={cfg.krause_topk}" if cfg.attention == 'krause' else
+            f" W={cfg.window}" if cfg.window else '')
         rows.append(dict(attention=name, path='images', T=image_tokens, batch=batch, device=device, dtype=dtype,
                          ms=seconds * 1000, images_per_s=images_per_s,
                          peak_mib=cache_mib(model, batch, image_tokens - 1)))

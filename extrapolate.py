@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import load_checkpoint
+from attention import mixed
 from model import GPT, GPTConfig
 from runtime import precision
 
@@ -93,7 +94,7 @@ if __name__ == '__main__':
         raise SystemExit(0)
     data_dir = data_dir or checkpoint['config']['data_dir']
     data = np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
-    name = cfg.attention + ('-mix' if cfg.krause_mix else '') + f" pos_emb={cfg.pos_emb}"
+    name = cfg.attention + ('-mix' if mixed(cfg) else '') + f" pos_emb={cfg.pos_emb}"
     for m in [int(s) for s in str(multiples).split(',')]:
         L = m * cfg.block_size
         row = dict(checkpoint=out_dir, model=name, multiple=m, T=L)
