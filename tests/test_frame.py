@@ -20,6 +20,7 @@ from prepare.recall import make_examples
 # every registered rule, in the forms a GPT (causal) and a ViT (65 tokens on an 8x8 grid) build it
 CAUSAL = [dict(attention=name) for name in ATTENTION] + [dict(attention='krause', krause_mix=True),
                                                          dict(attention='softmax', window=5)]
+CAUSAL += [dict(attention=name, mix=True) for name in ATTENTION]  # each rule beside a softmax branch
 VIT = [dict(attention=name, causal=False, grid_size=8) for name in ATTENTION]
 
 
