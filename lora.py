@@ -2,7 +2,7 @@
 LoRA: fine-tune a frozen model through low-rank updates of some of its Linears.
 ("LoRA: Low-Rank Adaptation of Large Language Models", Hu et al. 2021, arXiv 2106.09685)
 
-    y = x Wᵀ + b + (α / r) · dropout(x) Aᵀ Bᵀ       A (r, in) random, B (out, r) zero: training starts from W exactly
+    y = x Wᵀ + b + (α / r) · dropout(x) Aᵀ Bᵀ      A (r, in) random, B (out, r) zero: training starts at W exactly
 
 GPT builds it when lora_rank > 0 (model.py): the Linears named in lora_targets become LoRALinear, and only what a
 fine-tune should move is trained (`trainable`): the LoRA matrices, each MixAttention's gate, and every rule's own

@@ -83,25 +83,26 @@ def hub_folder(name):
         return snapshot_download(GPT2_MODELS[name], allow_patterns=list(HUB_FILES))
     except Exception as e:  # offline, the Hub down, a proxy: all say the same thing to the user
         raise ValueError(f"could not download {name} ({GPT2_MODELS[name]}) from the Hugging Face Hub "
-                         f"({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}); offline? fetch "
-                         f"its {' and '.join(HUB_FILES)} on a machine that can and pass --init_from=THAT_FOLDER") from None
+                         f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}); offline? fetch "
+                         f"its {' and '.join(HUB_FILES)} elsewhere, then pass --init_from=THAT_FOLDER") from None
 
 
 def read_hub_folder(folder):
     """A GPT-2 in the Hugging Face layout -> {'model_args', 'state', 'meta'}: Conv1D weights (in, out) transposed
     to our Linears' (out, in), names mapped, every tensor's shape checked against config.json."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
     damaged = f"the folder is damaged or holds another model: {hub_layout_help(folder)} of a GPT-2"
     try:
         with open(os.path.join(folder, 'config.json')) as f:
             cfg = json.load(f)
         hf = load_file(os.path.join(folder, 'model.safetensors'))
-    except (OSError, ValueError) as e:  # missing, unreadable, not JSON, a truncated safetensors (SafetensorError)
-        raise ValueError(f"cannot read {folder} ({type(e).__name__}: {str(e).splitlines()[0][:150]}); {damaged}")
-    except Exception as e:  # safetensors' own error type is not an OSError
-        raise ValueError(f"cannot read {folder}/model.safetensors ({type(e).__name__}: {e}); {damaged}") from None
-    if not isinstance(cfg, dict) or cfg.get('model_type') != 'gpt2':
-        raise ValueError(f"{folder}/config.json is not a GPT-2's (model_type {cfg.get('model_type') if isinstance(cfg, dict) else cfg!r}); {damaged}")
+    except (OSError, ValueError, SafetensorError) as e:  # missing, unreadable, not JSON, a truncated safetensors
+        reason = (str(e).splitlines() or [''])[0][:150]
+        raise ValueError(f"cannot read {folder} ({type(e).__name__}: {reason}); {damaged}") from None
+    model_type = cfg.get('model_type') if isinstance(cfg, dict) else None
+    if model_type != 'gpt2':
+        raise ValueError(f"{folder}/config.json is not a GPT-2's (model_type {model_type!r}); {damaged}")
     unsupported = {'activation_function': cfg.get('activation_function', 'gelu_new') not in GELU,
                    'layer_norm_epsilon': cfg.get('layer_norm_epsilon', 1e-5) != 1e-5,
                    'scale_attn_weights': not cfg.get('scale_attn_weights', True),
@@ -121,10 +122,10 @@ def read_hub_folder(folder):
                 ('ln_f.weight', (C,)), ('ln_f.bias', (C,))]
     for i in range(L):
         expected += [(f'h.{i}.{name}', shape) for name, shape in (
-            ('ln_1.weight', (C,)), ('ln_1.bias', (C,)), ('attn.c_attn.weight', (C, 3 * C)), ('attn.c_attn.bias', (3 * C,)),
-            ('attn.c_proj.weight', (C, C)), ('attn.c_proj.bias', (C,)), ('ln_2.weight', (C,)), ('ln_2.bias', (C,)),
-            ('mlp.c_fc.weight', (C, hidden)), ('mlp.c_fc.bias', (hidden,)), ('mlp.c_proj.weight', (hidden, C)),
-            ('mlp.c_proj.bias', (C,)))]
+            ('ln_1.weight', (C,)), ('ln_1.bias', (C,)), ('attn.c_attn.weight', (C, 3 * C)),
+            ('attn.c_attn.bias', (3 * C,)), ('attn.c_proj.weight', (C, C)), ('attn.c_proj.bias', (C,)),
+            ('ln_2.weight', (C,)), ('ln_2.bias', (C,)), ('mlp.c_fc.weight', (C, hidden)), ('mlp.c_fc.bias', (hidden,)),
+            ('mlp.c_proj.weight', (hidden, C)), ('mlp.c_proj.bias', (C,)))]
     state = {}
     for name, shape in expected:
         if name not in hf or tuple(hf[name].shape) != shape:
@@ -153,8 +154,9 @@ def fine_tune_args(base, run_args, set_keys):
             args[key] = value
         elif key == 'block_size' and key in set_keys:
             if value > base['model_args']['block_size'] and args.get('pos_emb') == 'learned':
-                raise ValueError(f"block_size={value} is longer than {base['name']}'s {base['model_args']['block_size']} "
-                                 f"learned positions; pass --block_size={base['model_args']['block_size']} or less")
+                longest = base['model_args']['block_size']
+                raise ValueError(f"block_size={value} is longer than {base['name']}'s {longest} learned positions; "
+                                 f"pass --block_size={longest} or less")
             args[key] = value  # the position table is cropped (crop_positions)
         elif key in set_keys and key != 'vocab_size' and value != args[key]:
             raise ValueError(f"{key}={value!r} contradicts the base {base['name']} ({key}={args[key]!r}): a fine-tune "
@@ -171,8 +173,8 @@ def check_tokens(base, meta):
     a character model."""
     theirs, ours = base['meta'].get('encoding'), meta.get('encoding')
     if theirs != ours:
-        raise ValueError(f"{base['name']} reads {theirs} tokens, the dataset {meta.get('dataset')} has {ours}; fine-tune "
-                         f"on a dataset of the base's tokens (GPT-2 BPE: shakespeare, openwebtext, fineweb_edu)")
+        raise ValueError(f"{base['name']} reads {theirs} tokens, the dataset {meta.get('dataset')} has {ours}; "
+                         f"fine-tune on a dataset of its tokens (GPT-2 BPE: shakespeare, openwebtext, fineweb_edu)")
     if ours == 'chars' and base['meta'].get('itos') != meta.get('itos'):
         raise ValueError(f"the dataset's characters are not {base['name']}'s; prepare it into a new --data_dir "
                          f"(train.py encodes it with the base's characters)")

@@ -32,8 +32,7 @@ from prepare.recall import make_examples
 from runtime import precision
 
 # -----------------------------------------------------------------------------
-init_from = 'resume'      # 'resume': out_dir/ckpt.pt; or a base (pretrained.py): 'gpt2'..'gpt2-xl', a Hub-layout
-                          # folder, the path of a ckpt.pt
+init_from = 'resume'      # 'resume' (out_dir/ckpt.pt) or a base (pretrained.py): 'gpt2'..'gpt2-xl', a folder, a ckpt
 out_dir = 'out'
 start = "\n"              # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
 num_samples = 10          # number of samples to draw (recall: episodes to show)

@@ -48,8 +48,8 @@ wandb_log = False           # also log to Weights & Biases (wandb imported only 
 wandb_project = 'attention-lab'
 wandb_run_name = 'run'
 always_save_checkpoint = True  # else only when val loss improves
-init_from = 'scratch'       # 'scratch', 'resume' (out_dir/ckpt.pt), 'auto' (resume if it exists), or a base to
-                            # fine-tune (pretrained.py): 'gpt2'..'gpt2-xl', a Hub-layout folder, a ckpt.pt of ours
+init_from = 'scratch'       # 'scratch', 'resume', 'auto' (resume if out_dir has ckpt.pt), or a base to fine-tune
+                            # (pretrained.py): 'gpt2' (-medium, -large, -xl), a folder in the Hub's layout, a ckpt.pt
 # data
 dataset = 'recall'          # a name in prepare.DATASETS
 data_dir = ''               # default: data/<dataset>
