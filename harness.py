@@ -209,10 +209,11 @@ def load_model(ckpt_path):
     if encoding != 'gpt2':
         raise SystemExit(f"error: {ckpt_path} is a model of {checkpoint['config']['dataset']} ({encoding or 'images'}"
                          f"), not of GPT-2 BPE text; the harness's tasks are English text: score a model trained on "
-                         f"fineweb_edu or openwebtext")
+                         f"fineweb_edu, openwebtext or shakespeare")
+    from lora import merge_lora
     model = GPT(GPTConfig(**checkpoint['model_args']))
     model.load_state_dict(checkpoint['model'])
-    return model.to(device).eval(), checkpoint
+    return merge_lora(model).to(device).eval(), checkpoint  # a LoRA fine-tune scored as its merged weights
 
 
 def write_results(results, elapsed):
