@@ -42,24 +42,35 @@ def prepare(data_dir=DEFAULT_DIR, source=None, chars=None):
     stoi = {ch: i for i, ch in enumerate(chars)}
     tokens = np.array([stoi[c] for c in text], dtype=np.uint16)
     n = int(0.9 * len(tokens))
-    os.makedirs(data_dir, exist_ok=True)
-    for split, ids in (('train', tokens[:n]), ('val', tokens[n:])):
-        ids.tofile(os.path.join(data_dir, f'{split}.bin.tmp'))
-        os.replace(os.path.join(data_dir, f'{split}.bin.tmp'), os.path.join(data_dir, f'{split}.bin'))
-    meta = dict(dataset='shakespeare_char', kind='text', encoding='chars', vocab_size=len(chars), itos=chars,
-                tokens=dict(train=n, val=len(tokens) - n), source=str(source or URL))
-    with open(os.path.join(data_dir, 'meta.json.tmp'), 'w') as f:
-        json.dump(meta, f)
-    os.replace(os.path.join(data_dir, 'meta.json.tmp'), os.path.join(data_dir, 'meta.json'))  # last: marks done
+    splits = {'train': tokens[:n], 'val': tokens[n:]}
+    write_splits(data_dir, splits, dict(dataset='shakespeare_char', kind='text', encoding='chars', vocab_size=len(chars),
+                                        itos=chars, source=str(source or URL)))
     print(f"{len(text):,} characters, vocab {len(chars)}: train {n:,} tokens, val {len(tokens) - n:,} -> {data_dir}")
 
 
-if __name__ == '__main__':
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+def write_splits(data_dir, splits, meta):
+    """train.bin and val.bin (uint16 tokens) and meta.json (with each split's token count), each under a temporary
+    name first; meta.json last, since its presence marks the folder done."""
+    os.makedirs(data_dir, exist_ok=True)
+    for split, ids in splits.items():
+        np.asarray(ids, dtype=np.uint16).tofile(os.path.join(data_dir, f'{split}.bin.tmp'))
+        os.replace(os.path.join(data_dir, f'{split}.bin.tmp'), os.path.join(data_dir, f'{split}.bin'))
+    with open(os.path.join(data_dir, 'meta.json.tmp'), 'w') as f:
+        json.dump({**meta, 'tokens': {split: len(ids) for split, ids in splits.items()}}, f)
+    os.replace(os.path.join(data_dir, 'meta.json.tmp'), os.path.join(data_dir, 'meta.json'))
+
+
+def main(prepare, default_dir, doc):
+    """The command line of a tiny-shakespeare preparation: --source, --data_dir; a bad source is one error line."""
+    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
     parser.add_argument('--source', default=None, help="local input.txt instead of the download")
-    parser.add_argument('--data_dir', default=DEFAULT_DIR)
+    parser.add_argument('--data_dir', default=default_dir)
     args = parser.parse_args()
     try:
         prepare(args.data_dir, args.source)
     except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
         raise SystemExit(f"error: {e}")
+
+
+if __name__ == '__main__':
+    main(prepare, DEFAULT_DIR, __doc__)

@@ -1,5 +1,5 @@
-"""prepare/shakespeare_char.py and prepare/recall.py on local data, every prepare script on a bad --source;
-sample.py on a fresh checkpoint."""
+"""prepare/shakespeare_char.py, prepare/shakespeare.py and prepare/recall.py on local data, every prepare script on a
+bad --source; sample.py on a fresh checkpoint."""
 import json
 import urllib.request
 
@@ -7,20 +7,49 @@ import numpy as np
 import pytest
 
 from conftest import SHARED, needs_shared, run_script
-from prepare import recall, shakespeare_char
+from prepare import recall, shakespeare, shakespeare_char
+
+
+def prepared(folder):
+    """(meta, train tokens, val tokens) of a prepared text folder."""
+    return (json.load(open(folder / 'meta.json')), np.fromfile(folder / 'train.bin', dtype=np.uint16),
+            np.fromfile(folder / 'val.bin', dtype=np.uint16))
 
 
 @needs_shared
 def test_shakespeare_char_matches_nanogpt(tmp_path):
     shakespeare_char.prepare(tmp_path, source=SHARED / 'tinyshakespeare' / 'input.txt')
-    meta = json.load(open(tmp_path / 'meta.json'))
-    train = np.fromfile(tmp_path / 'train.bin', dtype=np.uint16)
-    val = np.fromfile(tmp_path / 'val.bin', dtype=np.uint16)
+    meta, train, val = prepared(tmp_path)
     # nanoGPT's data/shakespeare_char/prepare.py prints these three numbers
     assert (meta['vocab_size'], len(train), len(val)) == (65, 1_003_854, 111_540)
     text = (SHARED / 'tinyshakespeare' / 'input.txt').read_text()
     assert ''.join(meta['itos'][i] for i in train[:100]) == text[:100]
     assert not list(tmp_path.glob('*.tmp'))
+
+
+@needs_shared
+def test_shakespeare_bpe_matches_nanogpt(tmp_path):
+    shakespeare.prepare(tmp_path, source=SHARED / 'tinyshakespeare' / 'input.txt')
+    meta, train, val = prepared(tmp_path)
+    # nanoGPT's data/shakespeare/prepare.py prints these two numbers
+    assert (meta['encoding'], len(train), len(val)) == ('gpt2', 301_966, 36_059)
+    assert meta['tokens'] == {'train': 301_966, 'val': 36_059}
+    import tiktoken
+    text = (SHARED / 'tinyshakespeare' / 'input.txt').read_text()
+    assert tiktoken.get_encoding('gpt2').decode(val.tolist()) == text[int(0.9 * len(text)):]
+    assert not list(tmp_path.glob('*.tmp'))
+
+
+def test_a_character_text_in_a_base_models_characters(tmp_path):
+    """A fine-tune's text is encoded with its base's characters, in their order; a character the base never saw
+    is one error."""
+    (tmp_path / 'a.txt').write_text('abba cab\n' * 50)
+    shakespeare_char.prepare(tmp_path / 'x', source=tmp_path / 'a.txt', chars=['\n', ' ', 'a', 'b', 'c', 'd'])
+    meta = json.load(open(tmp_path / 'x' / 'meta.json'))
+    assert meta['itos'] == ['\n', ' ', 'a', 'b', 'c', 'd'] and meta['vocab_size'] == 6
+    assert np.fromfile(tmp_path / 'x' / 'train.bin', dtype=np.uint16)[:5].tolist() == [2, 3, 3, 2, 1]
+    with pytest.raises(ValueError, match=r"1 character\(s\) the base model does not know: 'c'"):
+        shakespeare_char.prepare(tmp_path / 'y', source=tmp_path / 'a.txt', chars=['\n', ' ', 'a', 'b'])
 
 
 def test_shakespeare_char_offline_says_how_to_pass_source(tmp_path, monkeypatch):
@@ -68,7 +97,7 @@ def test_sample_from_a_checkpoint(tmp_path):
     assert 'no checkpoint at' in log and 'Traceback' not in log
 
 
-@pytest.mark.parametrize('script', ['shakespeare_char', 'openwebtext', 'fineweb_edu', 'cifar'])
+@pytest.mark.parametrize('script', ['shakespeare_char', 'shakespeare', 'openwebtext', 'fineweb_edu', 'cifar'])
 def test_scripts_say_a_bad_source_in_one_line(script, tmp_path):
     log = run_script(f'prepare/{script}.py', f'--source={tmp_path / "nope"}', f'--data_dir={tmp_path / "out"}',
                      check=False)
