@@ -38,7 +38,7 @@ SHORTCUT_KEYS = ('attention', 'mix') + tuple(f.name for cls in (KrauseConfig, At
 
 
 def hub_layout_help(folder='DIR'):
-    return (f"a folder in the Hugging Face layout holds {' and '.join(HUB_FILES)} (e.g. `hf download "
+    return (f"a folder in the Hugging Face layout ({' and '.join(HUB_FILES)}; e.g. `hf download "
             f"openai-community/gpt2 {' '.join(HUB_FILES)} --local-dir {folder}`)")
 
 
@@ -49,7 +49,7 @@ def check_init_from(init_from):
     if os.path.isdir(init_from):
         missing = [f for f in HUB_FILES if not os.path.isfile(os.path.join(init_from, f))]
         if missing:
-            raise ValueError(f"init_from={init_from} lacks {', '.join(missing)}: {hub_layout_help(init_from)}")
+            raise ValueError(f"init_from={init_from} lacks {', '.join(missing)}; a base is {hub_layout_help(init_from)}")
         return
     if os.path.isfile(init_from):
         return
@@ -92,7 +92,7 @@ def read_hub_folder(folder):
     to our Linears' (out, in), names mapped, every tensor's shape checked against config.json."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-    damaged = f"the folder is damaged or holds another model: {hub_layout_help(folder)} of a GPT-2"
+    damaged = f"the folder is damaged or holds another model: a GPT-2 base is {hub_layout_help(folder)}"
     try:
         with open(os.path.join(folder, 'config.json')) as f:
             cfg = json.load(f)
