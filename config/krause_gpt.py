@@ -1,10 +1,10 @@
 # Krause attention GPT: the official 100M language-model recipe of Krause Synchronization Transformers (arXiv
 # 2602.11534; docs/rules.md#krause), on FineWeb-Edu sample-10BT.
 # 8 layers, 768 wide, 12 heads, MLP 2048, context 1024, tied embeddings, pre-norm; every layer mixes a causal
-# softmax branch and a Krause branch (W=32, k=16, σ₀=2.5) through a per-token gate (krause_mix).
+# softmax branch and a Krause branch (W=32, k=16, σ₀=2.5) through a per-token gate (mix).
 # 8 GPUs:   torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
 # 1 GPU:    python train.py config/krause_gpt.py            (same global batch, 8x the accumulation steps)
-# Pure Krause (no softmax branch):  python train.py config/krause_gpt.py --krause_mix=False
+# Pure Krause (no softmax branch):  python train.py config/krause_gpt.py --mix=False
 # Compare with config/softmax_fineweb.py (GPT-2 124M, same data and tokens per step).
 
 out_dir = 'out-krause-gpt'
@@ -24,7 +24,7 @@ bias = False
 tie_weights = True
 
 attention = 'krause'
-krause_mix = True        # the paper's LM form: softmax branch + Krause branch, gate starts at 0.8 / 0.2
+mix = True               # the paper's LM form: softmax branch + Krause branch, gate starts at 0.8 / 0.2
 krause_window = 32
 krause_topk = 16
 krause_sigma = 2.5
