@@ -14,6 +14,7 @@ from attention import RENAMED_KEYS as _renamed  # config keys renamed, old -> ne
 
 _config_types = (int, float, bool, str, type(None))
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
+overridden = set()  # the keys a config file changed or --key=value gave (a fine-tune takes its base's for the rest)
 
 
 def _config_error(msg):
@@ -76,6 +77,7 @@ for _arg in __import__('sys').argv[1:]:
                 continue
             if _key not in _keys or _val is not _keys[_key]:
                 globals()[_key] = _keys[_key] = _checked(_key, _val, _arg)
+                overridden.add(_key)
         print(f"Overriding config with {_arg}")
     else:
         if '=' not in _arg:
@@ -87,4 +89,5 @@ for _arg in __import__('sys').argv[1:]:
             except (SyntaxError, ValueError):
                 pass                        # anything else is a plain string
         globals()[_key] = _keys[_key] = _checked(_key, _val, f"--{_key}")
+        overridden.add(_key)
         print(f"Overriding: {_key} = {_val}")

@@ -108,7 +108,6 @@ seed = 1337                 # model init, dropout and batches
 globals().update(dataclass_defaults(AttentionConfig, globals()))
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-defaults = {k: globals()[k] for k in config_keys}  # a fine-tune takes the base's value of every key left at these
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 config = {k: globals()[k] for k in config_keys}  # will be useful for logging
 # -----------------------------------------------------------------------------
@@ -126,7 +125,7 @@ except ValueError as e:
 kind = dataset_kind(dataset)  # 'text', 'examples', 'image' or 'pixels' (prepare.DATASETS): images train a ViT
 
 # a base to fine-tune (pretrained.py) is read, and this run's settings checked against it, before any folder is made
-set_keys = {k for k in config_keys if config[k] != defaults[k]}  # what the config files and the command line set
+set_keys = overridden & set(config_keys)  # what the config files and the command line set (configurator.py)
 base, base_name = None, None if init_from in OWN_STARTS else init_from  # base_name: what a checkpoint records
 if init_from not in OWN_STARTS:  # checks.py refused a base for a ViT
     try:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import ATTENTION, MixAttention
-from conftest import iter_losses, rule_cases, run_script
+from conftest import SHARED, iter_losses, needs_shared, rule_cases, run_script
 from lora import LoRALinear, merge_lora, trainable
 from model import GPT, GPTConfig
 from pretrained import base_state, fine_tune_args, load_base, load_base_weights
@@ -32,8 +32,8 @@ def write_hub_gpt2(folder, n_layer=2, n_head=2, n_embd=16, n_positions=24, vocab
     tensors = {'wte.weight': (vocab_size, C), 'wpe.weight': (n_positions, C), 'ln_f.weight': (C,), 'ln_f.bias': (C,)}
     for i in range(n_layer):
         tensors.update({f'h.{i}.{name}': shape for name, shape in (
-            ('ln_1.weight', (C,)), ('ln_1.bias', (C,)), ('attn.c_attn.weight', (C, 3 * C)), ('attn.c_attn.bias', (3 * C,)),
-            ('attn.c_proj.weight', (C, C)), ('attn.c_proj.bias', (C,)), ('ln_2.weight', (C,)), ('ln_2.bias', (C,)),
+            ('ln_1.weight', (C,)), ('ln_1.bias', (C,)), ('attn.c_attn.weight', (C, 3 * C)),
+            ('attn.c_attn.bias', (3 * C,)), ('attn.c_proj.weight', (C, C)), ('attn.c_proj.bias', (C,)), ('ln_2.weight', (C,)), ('ln_2.bias', (C,)),
             ('mlp.c_fc.weight', (C, hidden)), ('mlp.c_fc.bias', (hidden,)), ('mlp.c_proj.weight', (hidden, C)),
             ('mlp.c_proj.bias', (C,)))})
     tensors = {k: (1.0 if 'ln' in k and k.endswith('weight') else 0.0) + 0.3 * torch.randn(s, generator=g)
@@ -218,7 +218,8 @@ CHARS = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch
 def char_base(tmp_path_factory):
     """A softmax GPT trained for 30 iterations on one text; a second text with a subset of its characters."""
     folder = tmp_path_factory.mktemp('char-base')
-    (folder / 'a.txt').write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog!\n" for i in range(300)))
+    (folder / 'a.txt').write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog!\n"
+                                          for i in range(300)))
     (folder / 'b.txt').write_text(''.join(f"dog {i}: a lazy fox jumps over the brown dog!\n" for i in range(300)))
     run_script('train.py', 'config/shakespeare_char.py', *CHARS, f'--data_source={folder / "a.txt"}',
                f'--data_dir={folder / "a"}', f'--out_dir={folder / "base"}', '--max_iters=30', '--lr_decay_iters=30',
@@ -267,6 +268,27 @@ def test_lora_export_writes_a_merged_checkpoint(char_base, tmp_path):
     idx = torch.randint(0, 10, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(all_logits(a.eval(), idx), all_logits(b.eval(), idx), atol=1e-5, rtol=0)
+
+
+@needs_shared
+def test_a_gpt2_folder_fine_tunes_on_bpe_shakespeare_and_samples(tmp_path):
+    """The GPT-2 path of config/finetune_shakespeare_krause.py, offline: a GPT-2-shaped folder (GPT-2's vocabulary,
+    tiny otherwise) as the base, BPE tiny-shakespeare, a Krause shortcut and LoRA, then sample.py with GPT-2's
+    tokenizer."""
+    write_hub_gpt2(tmp_path / 'gpt2', n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=50257)
+    log = run_script('train.py', 'config/finetune_shakespeare_krause.py', f'--init_from={tmp_path / "gpt2"}',
+                     f'--data_source={SHARED / "tinyshakespeare" / "input.txt"}', f'--data_dir={tmp_path / "data"}',
+                     f'--out_dir={tmp_path / "ft"}', '--device=cpu', '--compile=False', '--block_size=32',
+                     '--gradient_accumulation_steps=2', '--max_iters=2', '--eval_iters=1', '--eval_interval=2',
+                     '--lr_decay_iters=2', '--warmup_iters=1')
+    assert 'step 2: train loss' in log and f"(fine-tuning {tmp_path / 'gpt2'})" in log
+    checkpoint = torch.load(tmp_path / 'ft' / 'ckpt.pt', weights_only=True)
+    args = checkpoint['model_args']
+    assert (args['n_embd'], args['block_size'], args['vocab_size'], args['gelu_approximate']) == (16, 32, 50257, 'tanh')
+    assert (args['attention'], args['mix'], args['lora_rank'], args['krause_sigma']) == ('krause', True, 16, 5.5)
+    out = run_script('sample.py', f'--out_dir={tmp_path / "ft"}', '--device=cpu', '--num_samples=1',
+                     '--max_new_tokens=8', '--start=ROMEO:')
+    assert '\nROMEO:' in out and 'tokens/s' in out
 
 
 # -----------------------------------------------------------------------------
