@@ -33,9 +33,9 @@ def write_hub_gpt2(folder, n_layer=2, n_head=2, n_embd=16, n_positions=24, vocab
     for i in range(n_layer):
         tensors.update({f'h.{i}.{name}': shape for name, shape in (
             ('ln_1.weight', (C,)), ('ln_1.bias', (C,)), ('attn.c_attn.weight', (C, 3 * C)),
-            ('attn.c_attn.bias', (3 * C,)), ('attn.c_proj.weight', (C, C)), ('attn.c_proj.bias', (C,)), ('ln_2.weight', (C,)), ('ln_2.bias', (C,)),
-            ('mlp.c_fc.weight', (C, hidden)), ('mlp.c_fc.bias', (hidden,)), ('mlp.c_proj.weight', (hidden, C)),
-            ('mlp.c_proj.bias', (C,)))})
+            ('attn.c_attn.bias', (3 * C,)), ('attn.c_proj.weight', (C, C)), ('attn.c_proj.bias', (C,)),
+            ('ln_2.weight', (C,)), ('ln_2.bias', (C,)), ('mlp.c_fc.weight', (C, hidden)), ('mlp.c_fc.bias', (hidden,)),
+            ('mlp.c_proj.weight', (hidden, C)), ('mlp.c_proj.bias', (C,)))})
     tensors = {k: (1.0 if 'ln' in k and k.endswith('weight') else 0.0) + 0.3 * torch.randn(s, generator=g)
                for k, s in tensors.items()}
     os.makedirs(folder, exist_ok=True)
