@@ -16,6 +16,7 @@ import os
 import torch
 import torch.nn as nn
 
+from attention import Attention, MixAttention
 
 class LoRALinear(nn.Linear):
     """An nn.Linear (weight and bias keep their names, so a base model's state dict loads as it is) plus the low-rank
@@ -64,7 +65,6 @@ def add_lora(model, rank, alpha, dropout, targets):
 def trainable(model):
     """What a LoRA fine-tune trains: the LoRA matrices, the gates of two-branch layers, and the attention rules' own
     parameters (those a rule holds itself, outside its Linears: σ, β, λ, γ, seeds); the rest stays frozen."""
-    from attention import Attention, MixAttention
     keep = [p for m in model.modules() if isinstance(m, LoRALinear) for p in (m.lora_A, m.lora_B)]
     keep += [p for m in model.modules() if isinstance(m, MixAttention) for p in m.gate.parameters()]
     keep += [p for m in model.modules() if isinstance(m, Attention) for p in m.parameters(recurse=False)]
