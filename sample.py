@@ -26,7 +26,7 @@ from checkpoint import load_checkpoint
 from images import cache_mib, png_grid, timed_draw, to_images
 from lora import merge_lora
 from model import GPT, GPTConfig
-from pretrained import check_init_from, load_base
+from pretrained import OWN_STARTS, check_init_from, load_base
 from prepare import dataset_kind, stored_as
 from prepare.recall import make_examples
 from runtime import precision
@@ -119,6 +119,9 @@ def load_gpt(init_from, device):
     if init_from != 'resume':
         try:
             check_init_from(init_from)
+            if init_from in OWN_STARTS:  # 'scratch', 'auto': train.py's, not a model to sample
+                raise ValueError(f"init_from={init_from} has no model to sample; pass --init_from=resume (out_dir's "
+                                 f"ckpt.pt) or a base ('gpt2', a folder, a ckpt.pt)")
             base = load_base(init_from)
         except ValueError as e:
             raise SystemExit(f"error: {e}")
