@@ -34,7 +34,7 @@ class LoRALinear(nn.Linear):
         return super().forward(x) + (self.lora_dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale
 
     def delta(self):  # (out, in): what merging adds to the weight
-        return self.scale * self.lora_B @ self.lora_A
+        return lora_delta(self.lora_A, self.lora_B, self.scale)
 
     def merged(self):
         """A plain nn.Linear computing the same function (without the dropout of training)."""
@@ -45,6 +45,10 @@ class LoRALinear(nn.Linear):
             if self.bias is not None:
                 linear.bias.copy_(self.bias)
         return linear
+
+
+def lora_delta(lora_A, lora_B, scale):
+    return scale * lora_B @ lora_A  # (out, r) @ (r, in): the update as one (out, in) matrix
 
 
 def target_names(lora_targets):
@@ -95,7 +99,7 @@ def merged_state(state, scale):
     for key in state:
         if key.endswith('.lora_A'):
             prefix = key[:-len('lora_A')]
-            out[prefix + 'weight'] = state[prefix + 'weight'] + scale * state[prefix + 'lora_B'] @ state[key]
+            out[prefix + 'weight'] = state[prefix + 'weight'] + lora_delta(state[key], state[prefix + 'lora_B'], scale)
     return out
 
 

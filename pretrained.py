@@ -157,7 +157,7 @@ def fine_tune_args(base, run_args, set_keys):
                 longest = base['model_args']['block_size']
                 raise ValueError(f"block_size={value} is longer than {base['name']}'s {longest} learned positions; "
                                  f"pass --block_size={longest} or less")
-            args[key] = value  # the position table is cropped (crop_positions)
+            args[key] = value  # base_state crops the position table
         elif key in set_keys and key != 'vocab_size' and value != args[key]:
             raise ValueError(f"{key}={value!r} contradicts the base {base['name']} ({key}={args[key]!r}): a fine-tune "
                              f"keeps the base's shape and rule; drop --{key} (or add a rule beside it with mix=True)")

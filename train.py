@@ -130,7 +130,7 @@ base, base_name = None, None if init_from in OWN_STARTS else init_from  # base_n
 if init_from not in OWN_STARTS:  # checks.py refused a base for a ViT
     try:
         base = load_base(init_from)
-        fine_tune_args(base, dataclass_values(GPTConfig, globals()), set_keys)
+        base_args = fine_tune_args(base, dataclass_values(GPTConfig, globals()), set_keys)  # vocab: the base's
     except ValueError as e:
         fail(e)
 
@@ -217,7 +217,7 @@ if init_from == 'resume':
     saved_iter = iter_num
     print(f"resuming from {ckpt_path} at iteration {iter_num}") if master_process else None
 elif base:
-    model_args = fine_tune_args(base, model_args, set_keys)
+    model_args = base_args
 try:
     model = Model(ModelConfig(**model_args))
     if base:
