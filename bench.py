@@ -32,7 +32,7 @@ import torch
 
 from attention import AttentionConfig, build_attention, mixed
 from model import GPT, GPTConfig
-from runtime import DTYPES, dataclass_defaults, dataclass_values, peak_flops, precision
+from support.runtime import DTYPES, dataclass_defaults, dataclass_values, peak_flops, precision
 
 # -----------------------------------------------------------------------------
 mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'generate' (decode), 'images'
@@ -233,7 +233,7 @@ def bench_generate():
 
 @torch.no_grad()
 def bench_images():
-    from images import cache_mib, timed_draw
+    from support.images import cache_mib, timed_draw
     rules = [dict(attention='softmax', window=0, krause_mix=False, mix=False)]  # softmax beside the rule
     if attention != 'softmax' or window or mix:
         rules.append({})

@@ -11,8 +11,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import Attention, AttentionConfig, build_attention
-from lora import add_lora, freeze_all_but_trainable, target_names
+from attention import Attention, AttentionConfig, MixAttention, build_attention
 
 
 @dataclass
@@ -262,7 +261,7 @@ class GPT(nn.Module):
                 idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
                 continue
             logits = logits / temperature
-            if top_k is not None:
+            if top_k:  # None or 0: every token stays a candidate
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float('Inf')
             probs = F.softmax(logits, dim=-1)
@@ -287,3 +286,99 @@ def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
     groups = groups[:2] + [g for g in groups[2:] if g['params']]  # always decay, no_decay first
     use_fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if use_fused else {}))
+
+
+# -----------------------------------------------------------------------------
+# LoRA: fine-tune a frozen model through low-rank updates of some of its Linears.
+# ("LoRA: Low-Rank Adaptation of Large Language Models", Hu et al. 2021, arXiv 2106.09685)
+#
+#     y = x Wᵀ + b + (α / r) · dropout(x) Aᵀ Bᵀ      A (r, in) random, B (out, r) zero: training starts at W exactly
+#
+# GPT builds it when lora_rank > 0 (below): the Linears named in lora_targets become LoRALinear, and only what a
+# fine-tune should move is trained (`trainable`): the LoRA matrices, each MixAttention's gate, and every rule's own
+# parameters (σ, β, λ, γ, seeds). `merge_lora` folds the updates into the weights for sampling and export:
+# python studies/merge_lora.py --ckpt=out-finetune/ckpt.pt --out=out-finetune/merged.pt: a plain checkpoint, LoRA merged
+
+class LoRALinear(nn.Linear):
+    """An nn.Linear (weight and bias keep their names, so a base model's state dict loads as it is) plus the low-rank
+    update lora_B @ lora_A, scaled by alpha / rank."""
+
+    def __init__(self, in_features, out_features, bias, rank, alpha, dropout):
+        super().__init__(in_features, out_features, bias=bias)
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, in_features))
+        self.lora_B = nn.Parameter(torch.zeros(out_features, rank))  # zero: the update starts at nothing
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))        # as nn.Linear's own weights (and PEFT's A)
+        self.lora_dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return super().forward(x) + (self.lora_dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale
+
+    def delta(self):  # (out, in): what merging adds to the weight
+        return lora_delta(self.lora_A, self.lora_B, self.scale)
+
+    def merged(self):
+        """A plain nn.Linear computing the same function (without the dropout of training)."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                           device=self.weight.device, dtype=self.weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(self.weight + self.delta())
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+
+def lora_delta(lora_A, lora_B, scale):
+    return scale * lora_B @ lora_A  # (out, r) @ (r, in): the update as one (out, in) matrix
+
+
+def target_names(lora_targets):
+    """'c_attn,c_proj' -> ('c_attn', 'c_proj'): the attribute names of the Linears LoRA adapts."""
+    return tuple(name.strip() for name in lora_targets.split(',') if name.strip())
+
+
+def add_lora(model, rank, alpha, dropout, targets):
+    """Replace every nn.Linear whose attribute name is in `targets` by a LoRALinear holding the same weight and bias."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if name in targets and type(child) is nn.Linear:
+                lora = LoRALinear(child.in_features, child.out_features, child.bias is not None, rank, alpha, dropout)
+                lora.weight, lora.bias = child.weight, child.bias
+                setattr(module, name, lora)
+
+
+def trainable(model):
+    """What a LoRA fine-tune trains: the LoRA matrices, the gates of two-branch layers, and the attention rules' own
+    parameters (those a rule holds itself, outside its Linears: σ, β, λ, γ, seeds); the rest stays frozen."""
+    keep = [p for m in model.modules() if isinstance(m, LoRALinear) for p in (m.lora_A, m.lora_B)]
+    keep += [p for m in model.modules() if isinstance(m, MixAttention) for p in m.gate.parameters()]
+    keep += [p for m in model.modules() if isinstance(m, Attention) for p in m.parameters(recurse=False)]
+    return keep
+
+
+def freeze_all_but_trainable(model):
+    keep = {id(p) for p in trainable(model)}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+
+
+def merge_lora(model):
+    """Fold every LoRALinear into a plain nn.Linear of the same function, in place; returns the model."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, LoRALinear):
+                setattr(module, name, child.merged())
+    if hasattr(model, 'config'):
+        model.config.lora_rank = 0
+    return model
+
+
+def merged_state(state, scale):
+    """A state dict with LoRA, as train.py saves it, with each lora_B @ lora_A folded into its weight (scale: alpha /
+    rank) and the LoRA entries gone: a base model's state dict."""
+    out = {k: v for k, v in state.items() if not k.endswith(('.lora_A', '.lora_B'))}
+    for key in state:
+        if key.endswith('.lora_A'):
+            prefix = key[:-len('lora_A')]
+            out[prefix + 'weight'] = state[prefix + 'weight'] + lora_delta(state[key], state[prefix + 'lora_B'], scale)
+    return out

@@ -22,14 +22,14 @@ import time
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint
-from images import cache_mib, png_grid, timed_draw, to_images
-from lora import merge_lora
+from support.checkpoint import load_checkpoint
+from support.images import cache_mib, png_grid, timed_draw, to_images
+from model import merge_lora
 from model import GPT, GPTConfig
-from pretrained import OWN_STARTS, check_init_from, load_base
+from support.pretrained import OWN_STARTS, check_init_from, load_base
 from prepare import dataset_kind, stored_as
 from prepare.recall import make_examples
-from runtime import precision
+from support.runtime import precision
 
 # -----------------------------------------------------------------------------
 init_from = 'resume'      # 'resume' (out_dir/ckpt.pt) or a base (pretrained.py): 'gpt2'..'gpt2-xl', a folder, a ckpt

@@ -25,14 +25,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from attention import AttentionConfig
-from checkpoint import (MetricsLog, check_resumable, kept, load_checkpoint, restore_rng_states, rng_states,
+from support.checkpoint import (MetricsLog, check_resumable, kept, load_checkpoint, restore_rng_states, rng_states,
                         save_checkpoint)
-from checks import check_train_config
-from data import Batches, bits_per_dim
+from support.checks import check_train_config
+from support.data import Batches, bits_per_dim
 from model import GPT, GPTConfig, attention_reports
-from pretrained import OWN_STARTS, check_tokens, fine_tune_args, load_base, load_base_weights
+from support.pretrained import OWN_STARTS, check_tokens, fine_tune_args, load_base, load_base_weights
 from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, stored_as, val_tokens_needed
-from runtime import all_sum, dataclass_defaults, dataclass_values, peak_flops, precision
+from support.runtime import all_sum, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -158,7 +158,7 @@ torch.backends.cudnn.allow_tf32 = True
 device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU runs in float32
 
 if hellaswag:  # its rows before any data is prepared: a missing file stops the run now, naming hellaswag_source
-    import hellaswag as hellaswag_eval
+    from support import hellaswag as hellaswag_eval
     try:
         if ddp and not master_process:
             dist.barrier()  # rank 0 downloads first; the others then read its copy

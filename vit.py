@@ -11,7 +11,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from attention import AttentionConfig
-from augment import soft_cross_entropy
 from model import GPT, Block, LayerNorm, configure_adamw, init_rules
 
 
@@ -83,3 +82,8 @@ class ViT(nn.Module):
         return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
 
     estimate_mfu = GPT.estimate_mfu  # the same count: 6N per token plus attention over block_size tokens
+
+
+def soft_cross_entropy(logits, y_soft):
+    # mean over the batch of -sum_k y_k log softmax(logits)_k; (B, K) logits and targets
+    return torch.sum(-y_soft * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()

@@ -80,7 +80,7 @@ def child(spec, out_path):
 
 def batch():
     import numpy, torch, torch.distributed, torch.nn.parallel, tqdm  # noqa: F401 E401 what every run imports, paid once
-    import attention, augment, model, prepare, prepare.recall, runtime, vit  # noqa: F401 E401
+    import attention, model, prepare, prepare.recall, support.data, support.runtime, vit  # noqa: F401 E401
     runs, results = json.load(sys.stdin), []
     out_path = os.path.join(os.environ.get('TMPDIR', '/tmp'), f'faults-{os.getpid()}.out')
     for spec in runs:

@@ -19,8 +19,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import harness  # noqa: E402
-import hellaswag  # noqa: E402
+from studies import harness  # noqa: E402
+from support import hellaswag  # noqa: E402
 
 
 def run_harness(scorer, names, metadata, limit=None):

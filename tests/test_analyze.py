@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from analyze import (analyse, token_groups, collapse_residual, effective_rank, entropy, first_token_share, sparsity,
+from studies.analyze import (analyse, token_groups, collapse_residual, effective_rank, entropy, first_token_share, sparsity,
                      uniform_share)
 from attention import AttentionConfig, Attention, MixAttention, build_attention
 from model import GPT, GPTConfig

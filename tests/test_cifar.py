@@ -14,8 +14,9 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import augment as A  # noqa: E402
+from support import data as A  # noqa: E402
 from prepare import cifar  # noqa: E402
+from vit import soft_cross_entropy  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / 'shared' / 'data'
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f'offline data samples not found at {SHARED}')
@@ -200,8 +201,8 @@ def test_one_hot_smooth():
 
 def test_soft_cross_entropy():
     logits, y = torch.randn(6, 10), torch.randint(0, 10, (6,))
-    assert torch.allclose(A.soft_cross_entropy(logits, A.one_hot_smooth(y, 10)), F.cross_entropy(logits, y))
-    assert torch.allclose(A.soft_cross_entropy(logits, A.one_hot_smooth(y, 10, 0.1)),
+    assert torch.allclose(soft_cross_entropy(logits, A.one_hot_smooth(y, 10)), F.cross_entropy(logits, y))
+    assert torch.allclose(soft_cross_entropy(logits, A.one_hot_smooth(y, 10, 0.1)),
                           F.cross_entropy(logits, y, label_smoothing=0.1))
 
 def batch_of_constants(B=6, K=10):

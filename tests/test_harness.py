@@ -30,7 +30,7 @@ def tiny_gpt(**kw):
 
 def scorer(model, **kw):
     import tiktoken
-    import harness
+    from studies import harness
     return harness.GPTScorer(model, tiktoken.get_encoding('gpt2'), progress=False, **kw)
 
 
@@ -52,7 +52,7 @@ def run(tmp_path_factory):
 
 @needs_harness
 def test_hellaswag_through_the_harness_equals_hellaswag_py(run):
-    import harness
+    from studies import harness
     from harness_check import hellaswag_check
     model, _ = harness.load_model(str(run[0] / 'out' / 'ckpt.pt'))
     result = hellaswag_check(scorer(model), HELLASWAG, limit=16)
@@ -63,7 +63,7 @@ def test_hellaswag_through_the_harness_equals_hellaswag_py(run):
 
 @needs_harness
 def test_rolling_loglikelihood_equals_eval_full(run):
-    import harness
+    from studies import harness
     from harness_check import rolling_check
     root, args = run
     out = run_script('train.py', *args, '--eval_only=True', '--eval_full=True', '--init_from=resume')
@@ -78,7 +78,7 @@ def test_rolling_loglikelihood_equals_eval_full(run):
 @needs_harness
 def test_script_writes_results_and_table(run):
     root, _ = run
-    out = run_script('harness.py', f'--out_dir={root / "out"}', '--tasks=hellaswag_nanogpt,text_rolling',
+    out = run_script('studies/harness.py', f'--out_dir={root / "out"}', '--tasks=hellaswag_nanogpt,text_rolling',
                      f'--hellaswag_source={HELLASWAG}', f'--text_source={root / "text.txt"}', '--limit=8',
                      '--bootstrap_iters=0', '--device=cpu')
     results = json.loads((root / 'out' / 'harness.json').read_text())
@@ -87,7 +87,7 @@ def test_script_writes_results_and_table(run):
     assert 0 < bits < 20 and math.isfinite(bits)
     table = (root / 'out' / 'harness.md').read_text()
     assert '|hellaswag_nanogpt|' in table.replace(' ', '') and 'bits_per_byte' in table
-    out = run_script('harness.py', f'--out_dir={root / "no_run"}', '--tasks=hellaswag_nanogpt,arc_eazy',
+    out = run_script('studies/harness.py', f'--out_dir={root / "no_run"}', '--tasks=hellaswag_nanogpt,arc_eazy',
                      f'--hellaswag_source={HELLASWAG}', check=False)  # named before the (missing) model is loaded
     assert out.strip().splitlines()[-1] == ("error: tasks: arc_eazy is no task the harness knows; did you mean "
                                             "arc_easy? (lm_eval ls tasks lists them)")
@@ -122,15 +122,15 @@ def test_every_rule_through_the_harness_batch_and_cache_invariant(kw):
 
 
 def test_missing_harness_and_missing_files_are_one_line(tmp_path):
-    blocked = ("import runpy, sys; sys.modules['lm_eval'] = None; sys.argv = ['harness.py', '--out_dir={}']; "
-               "runpy.run_path('harness.py', run_name='__main__')")
+    blocked = ("import runpy, sys; sys.modules['lm_eval'] = None; sys.argv = ['studies/harness.py', '--out_dir={}']; "
+               "runpy.run_path('studies/harness.py', run_name='__main__')")
     out = run_script('-c', blocked.format(tmp_path), check=False)
     assert out.strip().splitlines()[-1] == ("error: harness.py needs EleutherAI's lm-evaluation-harness: pip install "
                                             "-r requirements-extras.txt (lm-eval==0.4.13)")
-    out = run_script('harness.py', f'--out_dir={tmp_path}', '--tasks=hellaswag_local', check=False)
+    out = run_script('studies/harness.py', f'--out_dir={tmp_path}', '--tasks=hellaswag_local', check=False)
     assert out.strip().splitlines()[-1] == ("error: task hellaswag_local reads a local file: pass "
                                             "--hellaswag_source=PATH")
-    out = run_script('harness.py', '--tasks=text_rolling', f'--text_source={tmp_path / "no.txt"}', check=False)
+    out = run_script('studies/harness.py', '--tasks=text_rolling', f'--text_source={tmp_path / "no.txt"}', check=False)
     assert f"error: text_source={tmp_path / 'no.txt'} does not exist" in out
     # train.py: a missing HellaSwag file stops the run, naming its key, before any data is prepared
     out = run_script('train.py', 'config/krause_gpt.py', f'--data_dir={tmp_path / "data"}', f'--out_dir={tmp_path}',
@@ -141,7 +141,7 @@ def test_missing_harness_and_missing_files_are_one_line(tmp_path):
 
 def test_ablate_takes_a_column_per_harness_task(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, 'argv', ['ablate.py'])
-    import ablate
+    from studies import ablate
     results = {'hellaswag_nanogpt': {'alias': 'hellaswag_nanogpt', 'acc,none': 0.3, 'acc_stderr,none': 0.01,
                                      'acc_norm,none': 0.25},
                'lambada_openai': {'perplexity,none': 40.5, 'acc,none': 0.2},

@@ -13,8 +13,8 @@ from PIL import Image
 
 from attention import ATTENTION
 from conftest import rule_cases, run_script
-from data import Batches, bits_per_dim
-from images import draw
+from support.data import Batches, bits_per_dim
+from support.images import draw
 from model import GPT, GPTConfig
 from prepare import check_files, cifar
 

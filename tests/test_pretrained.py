@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from attention import ATTENTION, MixAttention
 from conftest import SHARED, iter_losses, needs_shared, rule_cases, run_script
-from lora import LoRALinear, merge_lora, trainable
+from model import LoRALinear, merge_lora, trainable
 from model import GPT, GPTConfig
-from pretrained import base_state, fine_tune_args, load_base, load_base_weights
+from support.pretrained import base_state, fine_tune_args, load_base, load_base_weights
 
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, n_positions=24, vocab_size=37)
 RULE_KEYS = dict(krause_window=8, krause_topk=4, cluster_chunk=8, cluster_m=4, tda_beta=0.5)
@@ -196,7 +196,7 @@ def test_cached_generation_with_a_shortcut_equals_uncached(hub, kw):
 
 def test_an_old_krause_mix_checkpoint_loads(tmp_path):
     """Before MixAttention took any rule, the Krause branch's parameters were named attn.krause.*."""
-    from checkpoint import load_checkpoint
+    from support.checkpoint import load_checkpoint
     args = dict(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause', krause_mix=True,
                 krause_window=4, krause_topk=2)
     model = GPT(GPTConfig(**args))
@@ -256,7 +256,7 @@ def test_lora_export_writes_a_merged_checkpoint(char_base, tmp_path):
                '--eval_iters=2', f'--init_from={char_base / "base" / "ckpt.pt"}', f'--data_dir={char_base / "a"}',
                f'--out_dir={tmp_path}', '--lora_rank=2', '--max_iters=4', '--lr_decay_iters=4', '--eval_interval=4',
                '--warmup_iters=1', '--learning_rate=1e-2')
-    out = run_script('lora.py', f'--ckpt={tmp_path / "ckpt.pt"}', f'--out={tmp_path / "merged.pt"}')
+    out = run_script('studies/merge_lora.py', f'--ckpt={tmp_path / "ckpt.pt"}', f'--out={tmp_path / "merged.pt"}')
     assert 'LoRA merged' in out
     lora_ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
     merged_ckpt = torch.load(tmp_path / 'merged.pt', weights_only=True)

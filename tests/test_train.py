@@ -85,7 +85,7 @@ def test_a_renamed_key_stops_naming_the_new_one_and_an_old_checkpoint_loads(tmp_
     assert 'config error: cluster_block is now called cluster_chunk (in --cluster_block); pass --cluster_chunk=8' in log
     assert 'Traceback' not in log
     # a checkpoint written before the renames: its settings read with the new names, and its model builds
-    from checkpoint import load_checkpoint
+    from support.checkpoint import load_checkpoint
     from model import GPT, GPTConfig
     args = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11, attention='cluster', cluster_m=4)
     old = GPT(GPTConfig(**args, cluster_chunk=8))

@@ -26,7 +26,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import tiktoken  # noqa: E402
 
-import hellaswag  # noqa: E402
+from support import hellaswag  # noqa: E402
 import prepare  # noqa: E402
 from prepare import fineweb_edu, openwebtext, read_meta, text  # noqa: E402
 

@@ -10,13 +10,16 @@ The validation batches are train.py's (eval_iters batches, rows from seed + 1), 
 checkpoint's last `val loss`. With cluster_chunk >= the context there is no earlier chunk and nothing changes.
 """
 import os
+import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, GPTConfig
-from checkpoint import load_checkpoint
+from support.checkpoint import load_checkpoint
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-shakespeare-char'   # a softmax GPT trained by train.py on a text dataset
@@ -28,14 +31,14 @@ kmeans_batches = 20                # training batches whose keys the seeds are f
 kmeans_iters = 25
 eval_iters = 20
 seed = 1337
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
 torch.manual_seed(seed)
 checkpoint = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), 'cpu', hint="train a softmax GPT first")
 model_args, train_config = checkpoint['model_args'], checkpoint['config']
 if model_args['attention'] != 'softmax' or model_args.get('window'):
     raise SystemExit(f"error: {out_dir} holds a '{model_args['attention']}' model; the swap starts from full softmax")
-data_dir = data_dir or train_config['data_dir'] or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
+data_dir = data_dir or train_config['data_dir'] or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data',
                                                                 train_config['dataset'])
 T, batch_size = model_args['block_size'], train_config['batch_size']
 

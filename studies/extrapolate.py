@@ -12,15 +12,18 @@ num_examples fresh episodes: per digit, and whole passkeys.
 """
 import json
 import os
+import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checkpoint import load_checkpoint
+if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.checkpoint import load_checkpoint
 from attention import mixed
 from model import GPT, GPTConfig
-from runtime import precision
+from support.runtime import precision
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
@@ -33,7 +36,7 @@ dtype = 'float32'
 num_examples = 500          # passkey: fresh episodes per length
 seed = 1337
 json_out = False
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
 
 

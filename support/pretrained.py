@@ -22,8 +22,8 @@ from types import SimpleNamespace
 import torch
 
 from attention import ClusterConfig, KrauseConfig, AttentionXConfig, TDAConfig, mixed
-from checkpoint import load_checkpoint
-from lora import merged_state
+from support.checkpoint import load_checkpoint
+from model import merged_state
 
 GPT2_MODELS = {'gpt2': 'openai-community/gpt2', 'gpt2-medium': 'openai-community/gpt2-medium',
                'gpt2-large': 'openai-community/gpt2-large', 'gpt2-xl': 'openai-community/gpt2-xl'}  # name -> Hub id

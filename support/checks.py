@@ -9,9 +9,9 @@ import torch
 
 from attention import check_attention_name
 from model import GPTConfig
-from pretrained import OWN_STARTS, check_init_from
+from support.pretrained import OWN_STARTS, check_init_from
 from prepare import check_dataset_name, dataset_kind
-from runtime import check_attention_layers, dataclass_values
+from support.runtime import check_attention_layers, dataclass_values
 from vit import ViTConfig
 
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',

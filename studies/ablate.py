@@ -21,7 +21,9 @@ import sys
 import numpy as np
 import torch
 
-import analyze
+if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from studies import analyze
 
 # -----------------------------------------------------------------------------
 recipe = ''                 # train.py arguments shared by every run (a config file and --key=value overrides)
@@ -32,7 +34,7 @@ train = True                # train the runs that are missing; False: only tabul
 analysis_batch = 32         # val examples analyzed per checkpoint
 harness_tasks = ''          # GPT-2 BPE runs: lm-eval tasks that harness.py scores per run, a column each (README)
 harness_args = ''           # more harness.py arguments, e.g. "--hellaswag_source=PATH --batch_size=32"
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
 # each name: its train.py arguments on top of the recipe (the settings RESULTS.md's tables use)
 RULES = {
@@ -44,7 +46,7 @@ RULES = {
     'tda_beta1': '--attention=tda --pos_emb=rope',
     'cluster': '--attention=cluster --cluster_chunk=16',
 }
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_train(args, log_path):
@@ -85,7 +87,7 @@ def run_harness(out_dir):
         with open(path) as f:
             if json.load(f).get('attention_lab', {}).get('tasks') == harness_tasks:
                 return True
-    args = ['harness.py', f'--out_dir={out_dir}', f'--tasks={harness_tasks}', *shlex.split(harness_args)]
+    args = ['studies/harness.py', f'--out_dir={out_dir}', f'--tasks={harness_tasks}', *shlex.split(harness_args)]
     with open(out_dir + '.harness.log', 'w') as f:
         failed = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     if failed:

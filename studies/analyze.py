@@ -25,16 +25,19 @@ Install matplotlib (`pip install matplotlib`) for the plots; nothing else needs 
 """
 import json
 import os
+import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from augment import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, normalize
+if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, normalize
 from attention import MixAttention
 from model import GPT, GPTConfig
 from prepare import check_files, dataset_kind, read_meta, recorded_dataset
-from checkpoint import load_checkpoint
+from support.checkpoint import load_checkpoint
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -48,7 +51,7 @@ plots = ''                  # a folder for PNG plots (needs matplotlib); '' for 
 device = 'cpu'              # where the models run ('cuda' for long contexts); the metrics are computed on the CPU
 seed = 1337
 if __name__ == '__main__':  # tests import the metrics without reading the command line
-    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+    exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
 THRESHOLDS = (0.9, 0.95, 0.99)
 
@@ -366,7 +369,7 @@ def main():
         try:
             model, args, config, kind, iter_num = load_model(path)
             x = val_batch(config, kind, args['block_size'], data_dir or config['data_dir'] or
-                          os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', config['dataset']))
+                          os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', config['dataset']))
         except Skip as e:
             print(f"error: {path}: {e}")
             problems.append({'name': path, 'error': str(e)})

@@ -27,6 +27,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 # -----------------------------------------------------------------------------
 out_dir = 'out'             # the run whose ckpt.pt is scored; harness.json and harness.md go here
 tasks = 'hellaswag'         # comma-separated harness task names (lm_eval ls tasks) or local ones (lm_tasks/)
@@ -202,7 +205,7 @@ def check_settings():
 
 def load_model(ckpt_path):
     """The checkpoint's GPT in eval mode on `device`; SystemExit unless it reads GPT-2 BPE."""
-    from checkpoint import load_checkpoint
+    from support.checkpoint import load_checkpoint
     from model import GPT, GPTConfig
     checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
     encoding = checkpoint['meta'].get('encoding')
@@ -210,7 +213,7 @@ def load_model(ckpt_path):
         raise SystemExit(f"error: {ckpt_path} is a model of {checkpoint['config']['dataset']} ({encoding or 'images'}"
                          f"), not of GPT-2 BPE text; the harness's tasks are English text: score a model trained on "
                          f"fineweb_edu, openwebtext or shakespeare")
-    from lora import merge_lora
+    from model import merge_lora
     model = GPT(GPTConfig(**checkpoint['model_args']))
     model.load_state_dict(checkpoint['model'])
     return merge_lora(model).to(device).eval(), checkpoint  # a LoRA fine-tune scored as its merged weights
@@ -232,7 +235,7 @@ def write_results(results, elapsed):
 
 def main():
     import tiktoken
-    from runtime import precision
+    from support.runtime import precision
     names = check_settings()
     try:
         import lm_eval
@@ -274,5 +277,5 @@ def main():
 
 
 if __name__ == '__main__':
-    exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+    exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
     main()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
-CACHE_DIR = Path(__file__).resolve().parent / "data" / "hellaswag"
+CACHE_DIR = Path(__file__).resolve().parents[1] / "data" / "hellaswag"
 
 
 def download(cache_dir=CACHE_DIR):
