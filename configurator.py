@@ -10,7 +10,7 @@ Unlike nanoGPT, an unknown key or a value of the wrong type stops the run with a
 import difflib as _difflib
 from ast import literal_eval as _literal_eval
 
-from attention import RENAMED_KEYS as _renamed  # config keys renamed, old -> new: an old one stops, naming the new
+from attention import RENAMED_KEYS as _renamed  # config keys renamed, old -> new: an old one reads as the new
 
 _config_types = (int, float, bool, str, type(None))
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
@@ -21,9 +21,15 @@ def _config_error(msg):
     raise SystemExit(f"config error: {msg}")
 
 
-def _checked(key, value, where):
+def _current_name(key, where):
+    """A key renamed since (attention.RENAMED_KEYS) reads as its new name, with one line saying so."""
     if key not in _keys and _renamed.get(key) in _keys:
-        _config_error(f"{key} is now called {_renamed[key]} (in {where}); pass --{_renamed[key]}={value!r}")
+        print(f"note: {key} is now called {_renamed[key]} (in {where}); read as {_renamed[key]}")
+        return _renamed[key]
+    return key
+
+
+def _checked(key, value, where):
     if key not in _keys:
         hint = _difflib.get_close_matches(key, _keys, n=1)
         _config_error(f"unknown key '{key}' in {where}" + (f"; did you mean '{hint[0]}'?" if hint else
@@ -76,13 +82,15 @@ for _arg in __import__('sys').argv[1:]:
             if _key.startswith('_') or _key == '__builtins__' or type(_val).__name__ == 'module':
                 continue
             if _key not in _keys or _val is not _keys[_key]:
-                globals()[_key] = _keys[_key] = _checked(_key, _val, _arg)
-                overridden.add(_key)
+                _name = _current_name(_key, _arg)
+                globals()[_name] = _keys[_name] = _checked(_name, _val, _arg)
+                overridden.add(_name)
         print(f"Overriding config with {_arg}")
     else:
         if '=' not in _arg:
             _config_error(f"'{_arg}' has no value; write --key=value")
         _key, _val = _arg[2:].split('=', 1)
+        _key = _current_name(_key, f"--{_key}")
         if not isinstance(_keys.get(_key), str) or _val[:1] in '\'"':  # a str key takes the text as it is
             try:
                 _val = _literal_eval(_val)  # numbers, booleans, None, quoted strings

@@ -4,11 +4,8 @@ Train a GPT (text) or a ViT (images) with any attention rule: nanoGPT's train.py
 With no arguments it trains a small GPT on multi-query associative recall, offline, on a CPU, in minutes:
 $ python train.py
 
-A ViT on CIFAR-10 (an image dataset picks the ViT; augmentation runs on the device):
-$ python train.py config/softmax_vit.py
-
-A config file, then single overrides:
-$ python train.py config/shakespeare_char.py --device=cpu --compile=False
+A config file, then single overrides; an image dataset picks the ViT (augmentation runs on the device):
+$ python train.py config/softmax_vit.py --batch_size=64
 
 DDP on one node (NCCL on CUDA, gloo on CPU):
 $ torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
@@ -31,8 +28,9 @@ from support.checks import check_train_config
 from support.data import Batches, bits_per_dim
 from model import GPT, GPTConfig, attention_reports
 from support.pretrained import OWN_STARTS, check_tokens, fine_tune_args, load_base, load_base_weights
-from prepare import check_dataset_dir, check_files, dataset_kind, prepare_dataset, stored_as, val_tokens_needed
-from support.runtime import all_sum, dataclass_defaults, dataclass_values, peak_flops, precision
+from prepare import (check_dataset_dir, check_files, dataset_kind, default_data_dir, prepare_dataset,
+                     val_tokens_needed)
+from support.runtime import all_sum, init_ddp, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -134,16 +132,8 @@ if init_from not in OWN_STARTS:  # checks.py refused a base for a ViT
     except ValueError as e:
         fail(e)
 
-# DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
-ddp = int(os.environ.get('RANK', -1)) != -1
-if ddp:
-    ddp_rank, ddp_local_rank, ddp_world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
-    if device.startswith('cuda'):
-        device = f'cuda:{ddp_local_rank}'
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
-else:
-    ddp_rank, ddp_local_rank, ddp_world_size = 0, 0, 1
+# DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE; each process on its own GPU (NCCL) or the CPU (gloo)
+ddp, ddp_rank, ddp_local_rank, ddp_world_size, device = init_ddp(device)
 master_process = ddp_rank == 0
 local_accum_steps = gradient_accumulation_steps // ddp_world_size
 samples_per_iter = gradient_accumulation_steps * batch_size
@@ -160,17 +150,13 @@ device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU ru
 if hellaswag:  # its rows before any data is prepared: a missing file stops the run now, naming hellaswag_source
     from support import hellaswag as hellaswag_eval
     try:
-        if ddp and not master_process:
-            dist.barrier()  # rank 0 downloads first; the others then read its copy
-        hellaswag_rows = hellaswag_eval.load_rows(hellaswag_source or None)
-        if ddp and master_process:
-            dist.barrier()
+        hellaswag_rows = hellaswag_eval.load_rows(hellaswag_source or None, ddp=ddp)
     except (OSError, RuntimeError, ValueError) as e:
         fail(e)
 
 # -----------------------------------------------------------------------------
 # data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch (data.py)
-data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', stored_as(dataset))
+data_dir = config['data_dir'] = os.path.abspath(data_dir or default_data_dir(dataset))  # what the checkpoint records
 if master_process:
     try:
         check_dataset_dir(dataset, data_dir)  # a damaged folder, or another dataset's, is never written to
@@ -320,14 +306,22 @@ if master_process and wandb_log:
 # -----------------------------------------------------------------------------
 # training loop
 has_accuracy = kind not in ('text', 'pixels')
+
+
+def score_text(val_loss, val_acc):
+    """What follows the val loss on a printed line: bits/dim for an image model, else the task's accuracy if any."""
+    if kind == 'pixels':
+        return f", val bits/dim {bits_per_dim(val_loss):.4f}"
+    return f", val acc {val_acc:.4f}" if has_accuracy else ''
+
+
 if eval_full:
     result = evaluate_full()
     if master_process:
-        acc = f", val acc {result['val_acc']:.4f}" if has_accuracy else ''
         if kind == 'pixels':  # every predicted subpixel of the whole test split, each counted once across ranks
             result['bits_per_dim'] = bits_per_dim(result['val_loss'])
-            acc = f", val bits/dim {result['bits_per_dim']:.4f}"
-        print(f"full val split at iteration {iter_num}: val loss {result['val_loss']:.4f}{acc} over "
+        print(f"full val split at iteration {iter_num}: val loss {result['val_loss']:.4f}"
+              f"{score_text(result['val_loss'], result['val_acc'])} over "
               f"{result['examples']:,} {'windows' if kind == 'text' else 'examples'} ({result['targets']:,} targets)")
         with open(os.path.join(out_dir, 'eval_full.json'), 'w') as f:
             json.dump({'iter': iter_num, 'attention': attention, **result}, f)
@@ -349,9 +343,8 @@ while True:
     if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
         losses, last_val_batch = estimate_loss()
         if master_process:
-            acc = f", val acc {losses['val_acc']:.4f}" if has_accuracy else ''
-            acc = f", val bits/dim {bits_per_dim(losses['val']):.4f}" if kind == 'pixels' else acc
-            log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{acc}")
+            log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                f"{score_text(losses['val'], losses['val_acc'])}")
             with ctx:  # what a rule reports on itself (cluster usage), per layer, as means over heads
                 reports = attention_reports(raw_model, last_val_batch)
             for name, report in reports:
@@ -369,13 +362,11 @@ while True:
             if iter_num > start_iter:
                 rng = rng_states(device_type)  # every process takes part
                 if master_process:
-                    checkpoint = {
-                        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
-                        'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config, 'meta': meta,
-                        'rng': rng, 'data_rng': train_generator.get_state(), 'base': base_name,
-                    }
                     print(f"saving checkpoint to {out_dir}")
-                    save_checkpoint(checkpoint, ckpt_path)
+                    save_checkpoint({'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+                                     'model_args': model_args, 'iter_num': iter_num, 'best_val_loss': best_val_loss,
+                                     'config': config, 'meta': meta, 'rng': rng,
+                                     'data_rng': train_generator.get_state(), 'base': base_name}, ckpt_path)
                 saved_iter = iter_num
         if hellaswag:
             correct, total = all_sum(hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
@@ -402,8 +393,7 @@ while True:
 
     # timing and logging
     t1 = time.time()
-    dt = t1 - t0
-    t0 = t1
+    dt, t0 = t1 - t0, t1
     if iter_num % log_interval == 0:
         lossf = loss.item() * local_accum_steps  # a CPU-GPU sync point; the last micro-step's loss
         if not math.isfinite(lossf):
@@ -413,7 +403,7 @@ while True:
             rate = f"{samples_per_iter / dt:,.0f} images/s" if kind == 'image' else f"{tokens_per_iter / dt:,.0f} tok/s"
             extra = f", {rate}"
             if gpu_peak_flops and iter_num >= start_iter + 5:  # let the training loop settle a bit
-                mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, gpu_peak_flops)
+                mfu = raw_model.estimate_mfu(batch_size * local_accum_steps, dt, gpu_peak_flops)  # this process's work
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
                 extra += f", mfu {running_mfu * 100:.2f}%"
             log(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms{extra}")

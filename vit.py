@@ -54,7 +54,7 @@ class ViT(nn.Module):
         self.ln_f = LayerNorm(C, bias=config.bias)
         self.head = nn.Linear(C, config.num_classes, bias=True)
         # the official KViT code's init: PyTorch's defaults for every layer, CLS and positions N(0, 0.02) truncated.
-        # At 400 CPU steps it beat the GPT's init (N(0, 0.02), scaled c_proj) by 0.02-0.05 test accuracy (RESULTS.md)
+        # At 400 CPU steps it beat the GPT's init (N(0, 0.02), scaled c_proj) by 0.02-0.05 test accuracy (docs/RESULTS.md)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         init_rules(self)

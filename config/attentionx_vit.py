@@ -3,7 +3,7 @@
 # ViT-small setting (AttentionX, arXiv 2409.04275, §4.1; docs/rules.md#attentionx). The paper reports 89.41% vs
 # 88.15% for softmax, with another ViT-small training recipe (kentaroy47/vision-transformers-cifar10, SET-Adam).
 # 1 GPU:  python train.py config/attentionx_vit.py
-# CPU smoke run (RESULTS.md#vit-on-cifar-10-cpu): python train.py config/attentionx_vit.py --device=cpu --compile=False
+# CPU smoke run (docs/docs/RESULTS.md#vit-on-cifar-10-cpu): python train.py config/attentionx_vit.py --device=cpu --compile=False
 #   --n_layer=4 --n_head=4 --n_embd=128 --batch_size=64 --max_iters=400 --lr_decay_iters=400 --warmup_iters=20
 #   --eval_interval=400 --eval_iters=10
 # The masked diagonal is a boolean SDPA mask (no flash kernel); flex=True runs it through flex_attention on CUDA.

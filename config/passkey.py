@@ -1,8 +1,8 @@
-# Passkey retrieval (this project's task, prepare/passkey.py; RESULTS.md#passkey): a 4-digit number at a random
+# Passkey retrieval (this project's task, prepare/passkey.py; docs/RESULTS.md#passkey): a 4-digit number at a random
 # depth in random filler, asked for at the end.
 # Trained at 64 tokens; extrapolate.py tests it at 2-8x that length:
 # python train.py config/passkey.py --attention=krause --pos_emb=none --device=cpu --compile=False
-# python extrapolate.py --out_dir=out-passkey
+# python studies/extrapolate.py --out_dir=out-passkey
 
 out_dir = 'out-passkey'
 dataset = 'passkey'

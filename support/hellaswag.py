@@ -13,6 +13,7 @@ from pathlib import Path
 
 import tiktoken
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
@@ -37,9 +38,15 @@ def download(cache_dir=CACHE_DIR):
     return path
 
 
-def load_rows(source=None, cache_dir=CACHE_DIR):
-    """The rows of a local HellaSwag jsonl `source`, or of the downloaded validation set."""
+def load_rows(source=None, cache_dir=CACHE_DIR, ddp=False):
+    """The rows of a local HellaSwag jsonl `source`, or of the downloaded validation set. ddp: every process calls it;
+    rank 0 downloads first, the others then read its copy."""
+    first = not ddp or dist.get_rank() == 0
+    if not first:
+        dist.barrier()
     path = Path(source) if source is not None else download(cache_dir)
+    if ddp and first:
+        dist.barrier()
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

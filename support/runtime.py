@@ -2,6 +2,7 @@
 What train.py, sample.py and bench.py share, written once: config keys from the model dataclasses, checking them,
 the device's precision and autocast, its peak FLOP/s, and sums over DDP processes.
 """
+import os
 from contextlib import nullcontext
 from dataclasses import fields
 
@@ -36,6 +37,19 @@ def check_attention_layers(config):
                 build_attention(config, layer_idx)
     finally:
         nn.Linear.reset_parameters = reset_parameters
+
+
+def init_ddp(device):
+    """(ddp, rank, local_rank, world_size, device) of this process. Under torchrun (RANK set) the process group is
+    started, NCCL on CUDA with one GPU per local rank, gloo on the CPU; else one process, rank 0 of 1."""
+    if int(os.environ.get('RANK', -1)) == -1:
+        return False, 0, 0, 1, device
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+    if device.startswith('cuda'):
+        device = f'cuda:{local_rank}'
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    return True, rank, local_rank, world_size, device
 
 
 def precision(device, dtype):

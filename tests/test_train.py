@@ -80,10 +80,18 @@ def test_bad_config_is_one_clear_line(args, message, tmp_path):
     assert 'Traceback' not in log
 
 
-def test_a_renamed_key_stops_naming_the_new_one_and_an_old_checkpoint_loads(tmp_path):
-    log = run_script('train.py', '--cluster_block=8', f'--out_dir={tmp_path}', check=False)
-    assert 'config error: cluster_block is now called cluster_chunk (in --cluster_block); pass --cluster_chunk=8' in log
-    assert 'Traceback' not in log
+def test_a_renamed_key_reads_as_the_new_one_and_an_old_checkpoint_loads(tmp_path):
+    log = run_script('train.py', '--cluster_block=8', '--nope=1', f'--out_dir={tmp_path}', check=False)
+    assert 'note: cluster_block is now called cluster_chunk (in --cluster_block); read as cluster_chunk' in log
+    assert "unknown key 'nope'" in log and 'Traceback' not in log  # the old name was taken: the next key is checked
+    cfg = tmp_path / 'old.py'
+    cfg.write_text("attention = 'krause'\nkrause_mix = True\n")  # the Krause paper's LM form, as configs said it
+    log = run_script('train.py', cfg, '--max_iters=1', '--eval_interval=1', '--n_layer=1', '--batch_size=2',
+                     '--eval_iters=1', '--device=cpu', f'--data_dir={tmp_path / "data"}', f'--out_dir={tmp_path}')
+    assert f'note: krause_mix is now called mix (in {cfg}); read as mix' in log
+    saved = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    assert saved['model_args']['mix'] is True and 'krause_mix' not in saved['model_args']
+    assert any('.attn.gate.' in name for name in saved['model'])  # the two-branch layer was built
     # a checkpoint written before the renames: its settings read with the new names, and its model builds
     from support.checkpoint import load_checkpoint
     from model import GPT, GPTConfig
@@ -153,3 +161,29 @@ def test_fineweb_trains_offline_with_hellaswag(tmp_path):
     assert losses[20] < losses[0] - 2
     scores = re.findall(r"^hellaswag acc_norm ([\d.]+)$", log, re.M)
     assert len(scores) == 2 and all(float(s) * 8 == round(float(s) * 8) for s in scores)  # k of 8 rows
+
+
+def test_mfu_counts_each_process_own_work(recall_dir, tmp_path):
+    """MFU is this process's FLOPs over its time and its GPU's peak: 2 gloo processes with one micro-batch each
+    report the MFU of 1 process with one micro-batch (it was world_size times too high: the global accumulation
+    count was passed). A CPU has no peak, so the run's peak is set, and each MFU is computed at dt = 1 s."""
+    wrapper = tmp_path / 'mfu_at_one_second.py'
+    wrapper.write_text(
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import model, support.runtime\n"
+        "support.runtime.peak_flops = lambda device: 1e12\n"
+        "estimate = model.GPT.estimate_mfu\n"
+        "def logged(self, fwdbwd_per_iter, dt, peak):\n"
+        "    print(f'mfu at 1 s: {estimate(self, fwdbwd_per_iter, 1.0, peak):.6e}')\n"
+        "    return estimate(self, fwdbwd_per_iter, dt, peak)\n"
+        "model.GPT.estimate_mfu = logged\n"
+        f"sys.argv = ['train.py', *sys.argv[1:]]\n"
+        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n")
+    common = [*TINY, f'--data_dir={recall_dir}', '--max_iters=6', '--eval_interval=6', '--eval_iters=2']
+    one = run_script(wrapper, *common, '--gradient_accumulation_steps=1', f'--out_dir={tmp_path / "one"}')
+    two = run_script(wrapper, *common, '--gradient_accumulation_steps=2', f'--out_dir={tmp_path / "two"}',
+                     launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+    mfu_one, mfu_two = (re.findall(r"^mfu at 1 s: (\S+)$", log, re.M) for log in (one, two))
+    assert mfu_one and mfu_one == mfu_two  # iterations 5 and 6 (MFU is logged once the loop has settled)
+    assert float(mfu_one[0]) > 0

@@ -1,0 +1,62 @@
+"""The layout the README's map promises, checked from the code: the top level a student opens, imports that read
+downward (model files import no support code, support code no study), one way to open a checkpoint, and the
+torch version the docs name being one that has what the code imports."""
+import ast
+import re
+import subprocess
+
+from conftest import ROOT
+
+TOP_LEVEL = {'README.md', 'model.py', 'attention.py', 'vit.py', 'train.py', 'sample.py', 'bench.py', 'configurator.py',
+             'prepare', 'config', 'tests', 'docs', 'support', 'studies', 'requirements.txt',
+             'requirements-extras.txt', 'pytest.ini', '.ci', '.gitignore'}
+MODEL_FILES = ('model.py', 'attention.py', 'vit.py')
+
+
+def tracked(pattern='*'):
+    out = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard', pattern], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [ROOT / p for p in out.split()]
+
+
+def imported(path):
+    """The top-level names of the repo modules a file imports ('support', 'studies', 'model', ...)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split('.')[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split('.')[0])
+    return names
+
+
+def test_the_top_level_is_the_card():
+    top = {p.relative_to(ROOT).parts[0] for p in tracked()}
+    assert top <= TOP_LEVEL, f"not on the card: {sorted(top - TOP_LEVEL)}"
+
+
+def test_imports_read_downward():
+    for name in MODEL_FILES:
+        assert not imported(ROOT / name) & {'support', 'studies', 'train', 'sample', 'bench'}, name
+    for path in tracked('support/*.py') + tracked('prepare/*.py'):
+        assert 'studies' not in imported(path), path
+
+
+def test_a_checkpoint_is_opened_in_one_place():
+    opened = [p.relative_to(ROOT).as_posix() for p in tracked('*.py')
+              if 'tests' not in p.parts and re.search(r"\btorch\.load\(", p.read_text())]
+    assert opened == ['support/checkpoint.py'], opened
+
+
+def test_readme_and_train_stay_short():
+    assert len((ROOT / 'README.md').read_text().splitlines()) <= 250
+    assert len((ROOT / 'train.py').read_text().splitlines()) <= 420
+
+
+def test_the_torch_the_docs_name_has_what_the_code_imports():
+    """attention.py imports flex_attention's AuxRequest, which torch 2.9 introduced: the README's install line and
+    requirements.txt must not promise an older torch (they said >= 2.5)."""
+    assert 'AuxRequest' in (ROOT / 'attention.py').read_text()
+    lowest = re.search(r"^torch>=([\d.]+)$", (ROOT / 'requirements.txt').read_text(), re.M).group(1)
+    assert tuple(map(int, lowest.split('.'))) >= (2, 9)
+    assert f"torch: any >= {lowest}" in (ROOT / 'README.md').read_text()
