@@ -51,6 +51,11 @@ def stored_as(name):
     return PIXELS_OF.get(name, name)
 
 
+def default_data_dir(name):
+    """Where `name` is prepared unless data_dir says otherwise: data/<stored_as(name)> at the repo root."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', stored_as(name))
+
+
 def check_dataset_name(name):
     if name not in DATASETS:
         raise ValueError(f"unknown dataset '{name}'; valid: {', '.join(sorted(DATASETS))}")
