@@ -1,31 +1,22 @@
 """
-Every attention rule in one file, side by side.
-
-A rule is an nn.Module, built as `build_attention(config, layer_idx)` and called as `y = attn(x)`, x (B, T, C).
-Inside, the same three steps in the same words (the frame, `Attention`):
-
-    tensors = self.project(x)     # per-head tensors, (B, H, T, D) each: q, k, v unless the rule asks for others
-    y = self.attend(*tensors)     # the rule: the only part that differs between rules
-    return self.out(y)            # merge heads, output projection, dropout
-
-Reading order: the frame, then the rules, softmax first (its `attend` is the formula as tensor ops), each with
-its own config keys and the helpers only it uses; last the table `ATTENTION` and `AttentionConfig`, every key.
-Each rule's exact formula, paper and official settings: docs/rules.md. What the rules are built from (heads,
-RoPE, masks and BlockMasks, the banded layout, KV caches) is in attention_tools.py.
+Every attention rule in one file, side by side, each an nn.Module built as `build_attention(config, layer_idx)`
+and called as `y = attn(x)`, x (B, T, C). Reading order: the frame (`Attention`: project, attend, out); softmax,
+its `attend` the formula as tensor ops; each rule, its core first (formula, keys, checks, attend), then its flex
+path and cache; what the rules are built from (heads, RoPE, masks and BlockMasks, the band, query tiles, KV
+caches); last the table `ATTENTION` and `AttentionConfig`, every key. Exact formulas, papers, settings: docs/rules.md.
 """
 import math
+import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import AuxRequest
-
-from attention_tools import (CacheGroup, KVCache, Rotary, band_keys, band_layout, band_mask, band_queries,
-                             band_strip, block_mask, causal_mask, decode_sdpa, dense_mask, grid_mask,
-                             grid_neighbourhood, merge_heads, off_diagonal_mask, query_chunks, recompute_in_backward,
-                             run_flex, sliding_window_mask, split_heads, unband)
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+from torch.utils.checkpoint import checkpoint
 
 
 # -----------------------------------------------------------------------------
@@ -58,13 +49,15 @@ class Attention(nn.Module):
       attend(...)  the rule, math path: plain PyTorch, any device; takes what project returns, gives (B, H, T, D)
       out(y)       merge heads, c_proj, residual dropout
 
-    A rule writes `attend`; everything else below has a default here. What a rule has beyond the causal math
-    path, it declares; tests run every rule on what it declares and skip the rest, saying why.
+    A rule writes `attend`; everything else has a default here. Its fast paths compute the same function, and one
+    method, `path`, picks what forward runs. What a rule has beyond the causal math path, it declares; tests run
+    every rule on what it declares and skip the rest, saying why.
     """
     # what the rule has, declared
     has_bidirectional_form = False  # a causal=False form (the ViT); without it, building one is a ValueError
     has_cache = False               # new_cache / fill / decode: GPT.generate(use_cache=True)
     has_flex = False                # attend_flex: the same function through flex_attention (flex=True on CUDA)
+    fused = False                   # attend_fused: the same function through SDPA, forward's default (tests: False)
     # what the rest of the code reads, on Attention instances only
     projections = ('q', 'k', 'v')   # what project returns, in order; None: the rule brings its own projections
     no_decay = ()                   # names of parameters AdamW must not decay (model.configure_adamw)
@@ -89,28 +82,35 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.rope = Rotary(self.head_dim, config.block_size, config.rope_base) if config.pos_emb == 'rope' else None
 
-    def project(self, x, offset=0):  # offset: the absolute position of x's first token (generation)
-        tensors = [split_heads(t, self.n_head) for t in self.c_attn(x).chunk(len(self.projections), dim=2)]
-        if self.rope is not None:  # positions enter through the queries and keys only
-            tensors = [self.rope(t, offset) if name[0] in 'qk' else t for name, t in zip(self.projections, tensors)]
-        return tuple(tensors)  # (B, H, T, D) each
-
-    def out(self, y):
-        return self.resid_dropout(self.c_proj(merge_heads(y)))
-
     def forward(self, x, cache=None):
         tensors = self.project(x, 0 if cache is None else cache.pos)
         if cache is not None and cache.pos:  # generation: one new token against what the cache holds
             if x.size(1) != 1:
                 raise ValueError(f"a filled cache takes one token at a time, got {x.size(1)}; prefill a new cache")
             return self.out(self.decode(*tensors, cache=cache))
-        y = self.attend_flex(*tensors) if (self.flex and x.is_cuda) else self.attend(*tensors)
+        y = self.path(x.is_cuda)(*tensors)
         if cache is not None:  # prefill: the prompt computed as in training, then its state into the cache
             self.fill(cache, *tensors)
         return self.out(y)
 
+    def path(self, on_cuda=False):
+        """The one place a path is chosen; each computes the same function: attend_flex (flex_attention) with
+        flex=True on CUDA, else attend_fused (SDPA) where the rule has it (fused), else attend, the math path."""
+        if self.flex and on_cuda:
+            return self.attend_flex
+        return self.attend_fused if self.fused else self.attend
+
+    def project(self, x, offset=0):  # offset: the absolute position of x's first token (generation)
+        tensors = [split_heads(t, self.n_head) for t in self.c_attn(x).chunk(len(self.projections), dim=2)]
+        if self.rope is not None:  # positions enter through the queries and keys only
+            tensors = [self.rope(t, offset) if name[0] in 'qk' else t for name, t in zip(self.projections, tensors)]
+        return tuple(tensors)  # (B, H, T, D) each
+
     def attend(self, q, k, v):
         raise NotImplementedError
+
+    def out(self, y):
+        return self.resid_dropout(self.c_proj(merge_heads(y)))
 
     def attend_flex(self, *tensors):  # has_flex: the same function as attend, through flex_attention
         raise NotImplementedError(f"{type(self).__name__} has no flex path; set flex=False")
@@ -123,7 +123,7 @@ class Attention(nn.Module):
         asks every layer for it at each evaluation (model.attention_reports) and prints it (cluster usage)."""
         return None
 
-    # generation (has_cache): the state one layer keeps between tokens, next to the rule's attend
+    # generation (has_cache): the state one layer keeps between tokens; a rule's own sit next to its attend
     def new_cache(self):  # a KVCache, or the rule's own object with `pos` and `nbytes()`
         raise NotImplementedError(f"{type(self).__name__} has no cache; generate with use_cache=False")
 
@@ -136,22 +136,19 @@ class Attention(nn.Module):
     @torch.no_grad()
     def attention_weights(self, *tensors):
         """For analysis (short T, eval mode): the (B, H, T, T) effective weights W of y = attend(...) = W v, from
-        what project returns, for every rule linear in v (its last tensor): attend is run with v = the identity
-        basis, D columns of it at a time (rules may rely on v being D wide), so column j of the output is W[:, j].
-        A rule that is not y = W v overrides it."""
+        what project returns, for every rule linear in v (its last tensor). A rule that is not overrides it."""
         if self.projections is None or [name[0] for name in self.projections].count('v') != 1:
             raise NotImplementedError(f"{type(self).__name__} is not y = W v with one v; it has no single weight matrix")
-        *rest, v = tensors
-        (B, H, T, D), columns = v.shape, []
-        eye = torch.eye(T, dtype=v.dtype, device=v.device).expand(B, H, T, T)
-        for start in range(0, T, D):
-            basis = F.pad(eye[..., start:start + D], (0, max(0, start + D - T)))  # (B, H, T, D), zero-padded
-            columns.append(self.attend(*rest, basis)[..., :min(D, T - start)])
-        return torch.cat(columns, -1)
+        return weights_of_linear_map(self.path(), *tensors)  # what forward computes off flex
 
 
 # -----------------------------------------------------------------------------
 # softmax
+
+@dataclass
+class SoftmaxConfig:
+    window: int = 0              # softmax: sliding window of W keys (i-W < j <= i); 0 = full context
+
 
 class SoftmaxAttention(Attention):
     """
@@ -160,12 +157,11 @@ class SoftmaxAttention(Attention):
 
     The mask hides what a query may not see: the future in a GPT (causal), nothing in a ViT, and with `window` W
     every key but the last W, i - W < j <= i (sliding-window attention, the Krause paper's "window" baseline).
-    `attend` is the formula as tensor ops. With `fused` (the default) it hands the same function to
-    F.scaled_dot_product_attention, one fused kernel (flash on a GPU), and a window shorter than T to the band:
-    O(T·W) time and memory, no T×T tensor (attention_tools.py).
+    `attend` is the formula as tensor ops, a T×T score matrix. `attend_fused`, what forward runs, hands the same
+    function to F.scaled_dot_product_attention, one fused kernel (flash on a GPU), and a window shorter than T to
+    the band: O(T·W) time and memory, no T×T tensor (band_layout, below).
     """
-    has_bidirectional_form, has_cache, has_flex = True, True, True
-    fused = True  # SDPA and the band; False: the tensor ops below (the reference: a T×T score matrix)
+    has_bidirectional_form, has_cache, has_flex, fused = True, True, True, True
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -177,25 +173,24 @@ class SoftmaxAttention(Attention):
         self.mask_mod = sliding_window_mask(self.window) if self.window else causal_mask if self.causal else None
 
     def attend(self, q, k, v):
-        if self.fused:
-            return self.attend_fused(q, k, v)
-        T = q.size(2)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))                          # (B, H, T, T)
         if self.mask_mod is not None:  # a hidden key scores -inf: its weight exp(-inf) is 0
-            scores = scores.masked_fill(~dense_mask(self.mask_mod, T, q.device), float('-inf'))
+            scores = scores.masked_fill(~dense_mask(self.mask_mod, q.size(2), q.device), float('-inf'))
         weights = F.dropout(scores.softmax(-1), self.dropout, self.training)               # each row sums to 1
         return weights @ v                                                                  # (B, H, T, D)
 
     def attend_fused(self, q, k, v):
-        T = q.size(2)
-        dropout_p = self.dropout if self.training else 0.0
-        if not self.window or self.window >= T:  # the window covers everything: plain causal/full attention
+        T, dropout_p = q.size(2), self.dropout if self.training else 0.0
+        if self.window and self.window < T:  # each query tile against the keys that can reach it: O(T·W)
+            W, tile, lookback = band_layout(self.window, T)
+            y = F.scaled_dot_product_attention(band_queries(q, tile), band_keys(k, tile, lookback),
+                                               band_keys(v, tile, lookback), dropout_p=dropout_p,
+                                               attn_mask=band_mask(self.mask_mod, T, tile, lookback, q.device))
+            return unband(y, T)
+        if self.window or self.mask_mod in (None, causal_mask):  # full or causal: SDPA's flag (flash on a GPU)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=self.causal)
-        W, chunk, lookback = band_layout(self.window, T)
-        y = F.scaled_dot_product_attention(band_queries(q, chunk), band_keys(k, chunk, lookback),
-                                           band_keys(v, chunk, lookback),
-                                           attn_mask=band_mask(T, chunk, lookback, W, q.device), dropout_p=dropout_p)
-        return unband(y, T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(self.mask_mod, T, q.device),
+                                              dropout_p=dropout_p)  # any other mask (AttentionX's off-diagonal)
 
     def attend_flex(self, q, k, v):
         # flex has no attention-weight dropout; the residual dropout in `out` still applies
@@ -212,13 +207,17 @@ class SoftmaxAttention(Attention):
         return decode_sdpa(q, *cache.tensors())
 
 
-@dataclass
-class SoftmaxConfig:
-    window: int = 0              # softmax: sliding window of W keys (i-W < j <= i); 0 = full context
-
-
 # -----------------------------------------------------------------------------
 # Krause
+
+@dataclass
+class KrauseConfig:
+    krause_window: int = 32      # Krause 1-D: W keys per query (i-W < j <= i)
+    krause_topk: int = 16        # Krause: keys kept per row (ViT: first layer's k, growing to 2k)
+    krause_sigma: float = 2.5    # Krause: initial RBF bandwidth σ (learned per head as log_sigma)
+    krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
+    krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
+
 
 class KrauseAttention(Attention):
     """
@@ -238,29 +237,28 @@ class KrauseAttention(Attention):
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
+        W, k, grid_size = config.krause_window, config.krause_topk, config.grid_size
         if config.krause_sigma <= 0:
             raise ValueError(f"krause_sigma must be > 0, got {config.krause_sigma}")
-        self.log_sigma = nn.Parameter(torch.full((self.n_head,), math.log(config.krause_sigma)))
-        if config.causal:
-            W, k = config.krause_window, config.krause_topk
-            if W < 1:
-                raise ValueError(f"krause_window must be >= 1, got {W}")
-            if not 1 <= k <= W:
-                raise ValueError(f"krause_topk must be in [1, krause_window={W}], got {k}")
-            self.krause_window, self.topk, self.grid = W, k, None
-            return
-        grid_size = config.grid_size
-        if grid_size < 1 or config.block_size != 1 + grid_size * grid_size:
+        if config.causal and W < 1:
+            raise ValueError(f"krause_window must be >= 1, got {W}")
+        if config.causal and not 1 <= k <= W:
+            raise ValueError(f"krause_topk must be in [1, krause_window={W}], got {k}")
+        if not config.causal and (grid_size < 1 or config.block_size != 1 + grid_size * grid_size):
             raise ValueError(f"non-causal Krause needs a square patch grid: grid_size={grid_size} with block_size = "
                              f"1 + grid_size² tokens (got block_size={config.block_size}); use it in a ViT")
-        if config.krause_metric not in ('manhattan', 'chebyshev'):
+        if not config.causal and config.krause_metric not in ('manhattan', 'chebyshev'):
             raise ValueError(f"krause_metric must be 'manhattan' or 'chebyshev', got '{config.krause_metric}'")
-        if config.krause_radius < 0 or config.krause_topk < 1:
-            raise ValueError(f"krause_radius must be >= 0 and krause_topk >= 1, got {config.krause_radius}, "
-                             f"{config.krause_topk}")
-        self.topk = krause_topk_schedule(config.krause_topk, config.n_layer)[layer_idx]
-        self.grid = (grid_size, config.krause_radius, config.krause_metric)
-        self.register_buffer('neighbourhood', grid_neighbourhood(*self.grid), persistent=False)  # (N, N)
+        if not config.causal and (config.krause_radius < 0 or k < 1):
+            raise ValueError(f"krause_radius must be >= 0 and krause_topk >= 1, got {config.krause_radius}, {k}")
+        self.log_sigma = nn.Parameter(torch.full((self.n_head,), math.log(config.krause_sigma)))
+        if config.causal:  # N_i: the last W keys
+            self.krause_window, self.topk, self.grid = W, k, None
+            self.mask_mod = sliding_window_mask(W)
+        else:  # N_i: the patch grid's neighbourhood, k growing over depth
+            self.topk = krause_topk_schedule(k, config.n_layer)[layer_idx]
+            self.grid = (grid_size, config.krause_radius, config.krause_metric)
+            self.mask_mod = grid_mask(*self.grid)
 
     def rbf_terms(self, q, k):
         """q/σ² and the per-key bias -||k||²/(2σ²), so that score = (q/σ²)·k + bias: (B, H, T, D), (B, H, T)."""
@@ -284,14 +282,22 @@ class KrauseAttention(Attention):
         scores = scores.masked_fill(scores < boundary, float('-inf'))
         return F.dropout(scores.softmax(-1), self.dropout, self.training), boundary
 
-    def band_weights(self, q, k):
-        """1-D: weights on the band (B, H, n, chunk, chunk+lookback) and top-k boundaries (B, H, T); no T×T tensor."""
+    def attend(self, q, k, v):
+        if self.grid:  # the ViT: 65 tokens, every pair
+            return self.attend_dense(q, k, v)
         T = q.size(2)
-        W, chunk, lookback = band_layout(self.krause_window, T)
+        _, tile, lookback = band_layout(self.krause_window, T)
+        weights, _ = self.band_weights(q, k)
+        return unband(weights @ band_keys(v, tile, lookback), T)  # (B, H, T, D)
+
+    def band_weights(self, q, k):
+        """1-D: weights on the band (B, H, n, tile, tile+lookback) and top-k boundaries (B, H, T); no T×T tensor."""
+        T = q.size(2)
+        W, tile, lookback = band_layout(self.krause_window, T)
         q_scaled, key_bias = self.rbf_terms(q, k)
-        scores = band_queries(q_scaled, chunk) @ band_keys(k, chunk, lookback).transpose(-1, -2)
-        scores = scores + band_keys(key_bias.unsqueeze(-1), chunk, lookback).transpose(-1, -2)  # each slot's bias
-        weights, boundary = self.topk_softmax(scores, band_mask(T, chunk, lookback, W, q.device),
+        scores = band_queries(q_scaled, tile) @ band_keys(k, tile, lookback).transpose(-1, -2)
+        scores = scores + band_keys(key_bias.unsqueeze(-1), tile, lookback).transpose(-1, -2)  # each slot's bias
+        weights, boundary = self.topk_softmax(scores, band_mask(sliding_window_mask(W), T, tile, lookback, q.device),
                                               lambda s: band_strip(s, W))
         return weights, unband(boundary, T)[..., 0]
 
@@ -300,18 +306,8 @@ class KrauseAttention(Attention):
         T = q.size(2)
         q_scaled, key_bias = self.rbf_terms(q, k)
         scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)  # (B, H, T, T)
-        mask = self.neighbourhood[:T, :T] if self.grid else dense_mask(sliding_window_mask(self.krause_window), T,
-                                                                         q.device)
-        weights, boundary = self.topk_softmax(scores, mask)
+        weights, boundary = self.topk_softmax(scores, dense_mask(self.mask_mod, T, q.device))
         return weights, boundary[..., 0]
-
-    def attend(self, q, k, v):
-        if self.grid:
-            return self.dense_weights(q, k)[0] @ v
-        T = q.size(2)
-        W, chunk, lookback = band_layout(self.krause_window, T)
-        weights, _ = self.band_weights(q, k)
-        return unband(weights @ band_keys(v, chunk, lookback), T)  # (B, H, T, D)
 
     def attend_dense(self, q, k, v):
         """The same function through a dense T×T matrix, as the official code computes it (bench.py's reference)."""
@@ -330,8 +326,8 @@ class KrauseAttention(Attention):
             score = score + key_bias[b, h, kv_idx]
             return torch.where(score >= boundary[b, h, q_idx], score, float('-inf'))
 
-        mask_mod = grid_mask(*self.grid, q.device) if self.grid else sliding_window_mask(self.krause_window)
-        return run_flex(q_scaled, k, v, score_mod=krause_score, block_mask=block_mask(mask_mod, T, q.device), scale=1.0)
+        return run_flex(q_scaled, k, v, score_mod=krause_score,
+                        block_mask=block_mask(self.mask_mod, T, q.device), scale=1.0)
 
     def new_cache(self):  # a ring of the last krause_window keys and values: constant memory for ever
         if self.grid:
@@ -379,18 +375,15 @@ def topk_boundary(x, k):
     return (kth_largest(x, k) + kth_largest(x, k + 1)) / 2
 
 
-@dataclass
-class KrauseConfig:
-    krause_window: int = 32      # Krause 1-D: W keys per query (i-W < j <= i)
-    krause_topk: int = 16        # Krause: keys kept per row (ViT: first layer's k, growing to 2k)
-    krause_sigma: float = 2.5    # Krause: initial RBF bandwidth σ (learned per head as log_sigma)
-    krause_radius: int = 1       # Krause 2-D: patches within this distance of a patch are its neighbours
-    krause_metric: str = 'manhattan'  # Krause 2-D: 'manhattan' (official CIFAR) or 'chebyshev' (official ImageNet)
-    krause_mix: bool = False     # Krause GPT: the same as mix=True (the paper's LM form); older configs' spelling
-
-
 # -----------------------------------------------------------------------------
 # AttentionX
+
+@dataclass
+class AttentionXConfig:
+    attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
+    attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
+    attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
+
 
 class AttentionX(SoftmaxAttention):
     """
@@ -404,8 +397,8 @@ class AttentionX(SoftmaxAttention):
     collapse. The paper keeps γ >= 1: γ = 3 for its causal nanoGPT (the diagonal of A kept), γ = 1 for its ViT
     with the diagonal masked (`attnx_mask_diagonal`: a token attends only to the others). γ = 0 is y = v (no
     mixing); a negative γ adds the smoothed AV to v, a low-pass filter. γ is fixed, or learned per head
-    (`attnx_learnable_gamma`). The attention is SoftmaxAttention's (SDPA, is_causal=True on a GPT: flash on GPU;
-    the sliding `window` too); the masked diagonal is `off_diagonal_mask`, a boolean SDPA mask (no flash).
+    (`attnx_learnable_gamma`). A is SoftmaxAttention's, on each of its paths (SDPA, is_causal=True on a GPT: flash
+    on GPU; the sliding `window` too); the masked diagonal is `off_diagonal_mask`, a boolean SDPA mask (no flash).
     """
 
     def __init__(self, config, layer_idx):
@@ -416,15 +409,13 @@ class AttentionX(SoftmaxAttention):
             raise ValueError("attnx_mask_diagonal=True needs causal=False: with causal attention the first token "
                              "would see no key at all; use it in a ViT, or keep the diagonal in a GPT")
         self.mask_diagonal = config.attnx_mask_diagonal
+        if self.mask_diagonal:
+            self.mask_mod = off_diagonal_mask
         gamma = torch.full((self.n_head,), float(config.attnx_gamma))
         if config.attnx_learnable_gamma:
             self.gamma = nn.Parameter(gamma)  # 1-D, so AdamW does not decay it
         else:
             self.register_buffer('gamma', gamma, persistent=False)
-        if self.mask_diagonal:
-            self.mask_mod = off_diagonal_mask
-            self.register_buffer('off_diagonal', dense_mask(off_diagonal_mask, config.block_size, None),
-                                 persistent=False)  # (block_size, block_size), for SDPA
 
     def discrepancy(self, v, y):
         # v - γ_h·y in one op (no γ·y temporary: one (B, H, T, D) tensor less at the peak); γ in the activations'
@@ -432,14 +423,10 @@ class AttentionX(SoftmaxAttention):
         return torch.addcmul(v, self.gamma.to(v.dtype).view(1, -1, 1, 1), y, value=-1.0)
 
     def attend(self, q, k, v):
-        return self.discrepancy(v, super().attend(q, k, v))  # softmax's attend: causal, full, windowed, off-diagonal
+        return self.discrepancy(v, super().attend(q, k, v))
 
     def attend_fused(self, q, k, v):
-        if not self.mask_diagonal:
-            return super().attend_fused(q, k, v)
-        T = q.size(2)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.off_diagonal[:T, :T],
-                                              dropout_p=self.dropout if self.training else 0.0)
+        return self.discrepancy(v, super().attend_fused(q, k, v))
 
     def attend_flex(self, q, k, v):
         return self.discrepancy(v, super().attend_flex(q, k, v))
@@ -457,15 +444,19 @@ class AttentionX(SoftmaxAttention):
         return (eye - effective) / self.gamma.to(effective.dtype).view(1, -1, 1, 1)
 
 
-@dataclass
-class AttentionXConfig:
-    attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
-    attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
-    attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
-
-
 # -----------------------------------------------------------------------------
 # TDA
+
+@dataclass
+class TDAConfig:
+    tda_beta: float = 1.0        # TDA: initial threshold scale β > 0 (learned per layer, as log β)
+    tda_lambda: float = 0.5      # TDA: initial inhibition λ in (0, 1) of the second view (learned, as its logit)
+    tda_kappa: float = 1.0       # TDA: κ > 0, fixed; the threshold's position offset (κ = 1: τ_0 = 0)
+    tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
+    tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
+    tda_chunk_weights: int = 2**18  # TDA math path: weights per head one query tile may hold (that // T queries)
+    tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
+
 
 class ThresholdDifferentialAttention(Attention):
     """
@@ -486,10 +477,10 @@ class ThresholdDifferentialAttention(Attention):
     at RMS 0.01 for δ = 0.01 and 0.71 for δ = 0.1, growing continuously from the empty row's 0 instead of
     jumping to unit size; rows with RMS(y) >= 0.03 are normalised to within 5% of unit RMS.
 
-    Math path: queries in chunks of tda_chunk_weights // T against the keys they can see, each chunk's weights
+    Math path: queries in tiles of tda_chunk_weights // T against the keys they can see, each tile's weights
     recomputed in backward (recompute_in_backward), so forward and backward hold at most tda_chunk_weights weights
-    per head at a time whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex path: exp(score_mod) = relu(s - τ)^p,
-    and flex's softmax-normalised output times exp(lse) is Σ_j a_ij v_j.
+    per head at a time whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex path: exp(score_mod) =
+    relu(s - τ)^p, and flex's softmax-normalised output times exp(lse) is Σ_j a_ij v_j.
     No attention-weight dropout on either path (flex has none); the residual dropout in `out` applies.
     """
     has_bidirectional_form, has_cache, has_flex = True, True, True
@@ -507,8 +498,8 @@ class ThresholdDifferentialAttention(Attention):
                               ('tda_eps', config.tda_eps > 0, '> 0')]:
             if not ok:
                 raise ValueError(f"{key} must be {need}, got {getattr(config, key)}")
-        self.differential, self.kappa, self.p, self.chunk_weights = (config.tda_differential, config.tda_kappa,
-                                                                     config.tda_p, config.tda_chunk_weights)
+        self.differential, self.kappa, self.p = config.tda_differential, config.tda_kappa, config.tda_p
+        self.tile_weights = config.tda_chunk_weights  # weights per head one query tile may hold
         self.log_beta = nn.Parameter(torch.tensor(math.log(config.tda_beta)))
         if self.differential:
             self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
@@ -527,9 +518,9 @@ class ThresholdDifferentialAttention(Attention):
     def weights(self, qk, tau, start, end, n_keys):
         """a¹ - λa² for queries start..end-1 and keys 0..n_keys-1, from normalised q1, k1(, q2, k2): (B, H, C, L)."""
         threshold = tau[start:end, None].expand(-1, n_keys)  # (C, L)
-        if self.causal:  # the mask as an infinite threshold: relu(s - ∞) = 0 for j > i, whatever s is
+        if self.causal:  # a hidden key gets an infinite threshold: relu(s - ∞) = 0, whatever s is
             query, key = torch.arange(start, end, device=tau.device), torch.arange(n_keys, device=tau.device)
-            threshold = threshold.masked_fill(key > query[:, None], float('inf'))
+            threshold = threshold.masked_fill(~causal_mask(None, None, query[:, None], key), float('inf'))
         a = self.view_weights(qk[0][:, :, start:end], qk[1][:, :, :n_keys], threshold)
         if self.differential:
             a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(qk[2][:, :, start:end], qk[3][:, :, :n_keys],
@@ -540,9 +531,9 @@ class ThresholdDifferentialAttention(Attention):
         *qk, v = tensors
         qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
         tau = self.threshold(T, v.device)
-        chunk_output = lambda start, end, n_keys: self.weights(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
-        rows = max(1, self.chunk_weights // T)  # queries per chunk
-        y = torch.cat([recompute_in_backward(chunk_output, *c) for c in query_chunks(T, rows, self.causal)], 2)
+        tile_output = lambda start, end, n_keys: self.weights(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
+        rows = max(1, self.tile_weights // T)  # queries per tile
+        y = torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, self.causal)], 2)
         return self.head_norm(y)  # (B, H, T, D)
 
     def attend_flex(self, *tensors):
@@ -592,19 +583,18 @@ class ThresholdDifferentialAttention(Attention):
         return self.weights([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
 
 
-@dataclass
-class TDAConfig:
-    tda_beta: float = 1.0        # TDA: initial threshold scale β > 0 (learned per layer, as log β)
-    tda_lambda: float = 0.5      # TDA: initial inhibition λ in (0, 1) of the second view (learned, as its logit)
-    tda_kappa: float = 1.0       # TDA: κ > 0, fixed; the threshold's position offset (κ = 1: τ_0 = 0)
-    tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
-    tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
-    tda_chunk_weights: int = 2**18  # TDA math path: weights per head one query chunk may hold (that // T queries)
-    tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
-
-
 # -----------------------------------------------------------------------------
 # cluster
+
+@dataclass
+class ClusterConfig:
+    cluster_m: int = 16          # cluster: seeds (clusters) per head
+    cluster_chunk: int = 64      # cluster GPT: tokens per chunk; exact within it, cluster summaries of earlier chunks
+    cluster_iters: int = 0       # cluster ViT: soft k-means refinements of the seeds on each sequence (0 = none)
+    cluster_self: bool = False   # cluster ViT: each query also attends exactly to its own key
+    cluster_sharpness: float = 10.0  # cluster: initial sharpness s of the assignment (learned per head, log_sharpness)
+    cluster_seed_lr: float = 10.0    # cluster: the seeds' learning rate, as a multiple of learning_rate
+
 
 class ClusterAttention(Attention):
     """
@@ -697,8 +687,8 @@ class ClusterAttention(Attention):
         mean_k, mean_v, log_mass = (t.to(q.dtype) for t in cluster_means(sums, D))
         keys = torch.cat([kvc[..., :D], mean_k], -2)                                       # (B, H, n, L+m, D)
         values = torch.cat([kvc[..., D:2 * D], mean_v], -2)
-        within = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~band_mask(T, L, 0, L, q.device),
-                                                                             float('-inf'))  # (n, L, L): causal
+        within = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(
+            ~band_mask(causal_mask, T, L, 0, q.device), float('-inf'))  # (n, L, L): causal within the chunk
         bias = torch.cat([within.expand(B, H, -1, -1, -1), log_mass.unsqueeze(-2).expand(-1, -1, -1, L, -1)], -1)
         weights = F.dropout((qc @ keys.transpose(-1, -2) + bias).softmax(-1), self.dropout, self.training)
         return unband(weights @ values, T)  # (B, H, T, D)
@@ -767,16 +757,6 @@ def cluster_usage(S):
             'entropy': -torch.special.xlogy(S, S).sum(-1).mean((0, 2))}
 
 
-@dataclass
-class ClusterConfig:
-    cluster_m: int = 16          # cluster: seeds (clusters) per head
-    cluster_chunk: int = 64      # cluster GPT: tokens per chunk; exact within it, cluster summaries of earlier chunks
-    cluster_iters: int = 0       # cluster ViT: soft k-means refinements of the seeds on each sequence (0 = none)
-    cluster_self: bool = False   # cluster ViT: each query also attends exactly to its own key
-    cluster_sharpness: float = 10.0  # cluster: initial sharpness s of the assignment (learned per head, log_sharpness)
-    cluster_seed_lr: float = 10.0    # cluster: the seeds' learning rate, as a multiple of learning_rate
-
-
 # -----------------------------------------------------------------------------
 # two branches: a softmax branch beside any rule, mixed per token
 
@@ -791,12 +771,12 @@ class MixAttention(Attention):
     starts as a copy of it. In the frame: project gives both branches' tensors, softmax's first; attend gives both
     per-head outputs side by side, (B, H, T, 2D); out projects each through its branch and gates them.
     """
-    has_cache, has_flex = True, True  # where the rule's branch has them too (set per instance below)
+    has_cache, has_flex, fused = True, True, True  # has_*: where the rule's branch has them too (set below)
     projections = None  # each branch brings its own
 
     def __init__(self, config, layer_idx):
         if not config.causal:
-            raise ValueError("mix (krause_mix) is the language-model form (causal=True); use mix=False in a ViT")
+            raise ValueError("mix is the language-model form (causal=True); use mix=False in a ViT")
         super().__init__(config, layer_idx)
         self.softmax = SoftmaxAttention(config, layer_idx)
         self.rule = ATTENTION[config.attention](config, layer_idx)
@@ -818,6 +798,9 @@ class MixAttention(Attention):
     def attend(self, q, k, v, *rule_tensors):
         return torch.cat([self.softmax.attend(q, k, v), self.rule.attend(*rule_tensors)], -1)
 
+    def attend_fused(self, q, k, v, *rule_tensors):  # each branch as forward would run it alone
+        return torch.cat([self.softmax.attend_fused(q, k, v), self.rule.path()(*rule_tensors)], -1)
+
     def attend_flex(self, q, k, v, *rule_tensors):
         return torch.cat([self.softmax.attend_flex(q, k, v), self.rule.attend_flex(*rule_tensors)], -1)
 
@@ -834,13 +817,13 @@ class MixAttention(Attention):
 
     def out(self, y):  # (B, H, T, 2D): the two branches' heads side by side
         y_softmax, y_rule = self.softmax.out(y[..., :self.head_dim]), self.rule.out(y[..., self.head_dim:])
-        return self.mixed(y_softmax, y_rule, self.gates(y_softmax, y_rule))
+        return self.gated_sum(y_softmax, y_rule, self.gates(y_softmax, y_rule))
 
     def gates(self, y_softmax, y_rule):  # (B, T, C) each -> (B, T, 2): each token's share of the two branches
         return self.gate(torch.cat([y_softmax, y_rule], dim=-1)).softmax(-1)
 
     @staticmethod
-    def mixed(a, b, g):
+    def gated_sum(a, b, g):  # g_0·a + g_1·b
         return g[..., :1] * a + g[..., 1:] * b
 
     @torch.no_grad()
@@ -848,13 +831,287 @@ class MixAttention(Attention):
         """For analysis (short T, eval mode): (W_softmax, W_rule) (B, H, T, T), each branch's own attention_weights,
         and the gates g (B, T, 2) from the two branches' outputs, from what project returns."""
         q, k, v, *rule_tensors = tensors
-        g = self.gates(self.softmax.out(self.softmax.attend(q, k, v)), self.rule.out(self.rule.attend(*rule_tensors)))
+        g = self.gates(self.softmax.out(self.softmax.path()(q, k, v)), self.rule.out(self.rule.path()(*rule_tensors)))
         return self.softmax.attention_weights(q, k, v), self.rule.attention_weights(*rule_tensors), g
 
     def attention_weights(self, *tensors):
         # each token's output is g_0 of the softmax branch's plus g_1 of the rule's: its weights mix the same way
         w_softmax, w_rule, g = self.branch_weights(*tensors)
-        return self.mixed(w_softmax, w_rule, g.unsqueeze(1))  # g (B, 1, T, 2): each g_i (B, 1, T, 1), over heads, keys
+        return self.gated_sum(w_softmax, w_rule, g.unsqueeze(1))  # g (B, 1, T, 2): each g_i (B, 1, T, 1), over heads, keys
+
+
+# -----------------------------------------------------------------------------
+# What the rules are built from, written once; nothing below is a rule, and nothing below knows which rules exist.
+# heads and RoPE
+
+def split_heads(x, n_head):
+    B, T, C = x.size()
+    return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, H, T, D)
+
+
+def merge_heads(y):
+    B, H, T, D = y.size()
+    return y.transpose(1, 2).contiguous().view(B, T, H * D)  # (B, T, C)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al. 2021), rotate-half form, positions offset..offset+T-1. The tables hold
+    max_len positions and grow (doubling) when a sequence or generation goes past them: no bound on the position."""
+
+    def __init__(self, head_dim, max_len, base=10000.0):
+        super().__init__()
+        self.head_dim, self.base = head_dim, base
+        cos, sin = self.tables(max_len, torch.float32, None)
+        self.register_buffer('cos', cos, persistent=False)  # (max_len, D)
+        self.register_buffer('sin', sin, persistent=False)
+
+    def tables(self, n, dtype, device):  # always computed in float32, so growing never changes a stored position
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim)
+        angles = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)  # (n, D/2)
+        return angles.cos().repeat(1, 2).to(dtype), angles.sin().repeat(1, 2).to(dtype)
+
+    def forward(self, x, offset=0):  # (B, H, T, D), offset: the absolute position of x's first token
+        T, half = x.size(2), x.size(3) // 2
+        if offset + T > self.cos.size(0):  # past the tables (longer than block_size): make them longer
+            self.cos, self.sin = self.tables(max(2 * self.cos.size(0), offset + T), self.cos.dtype, self.cos.device)
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * self.cos[offset:offset + T] + rotated * self.sin[offset:offset + T]).type_as(x)
+
+
+@torch.no_grad()
+def weights_of_linear_map(attend, *tensors):
+    """The (B, H, T, T) W of y = attend(*rest, v) = W v, for attend linear in v (the last tensor): attend is run
+    with v = the identity basis, D columns of it at a time (rules may rely on v being D wide), so column j of the
+    output is W[:, j]."""
+    *rest, v = tensors
+    (B, H, T, D), columns = v.shape, []
+    eye = torch.eye(T, dtype=v.dtype, device=v.device).expand(B, H, T, T)
+    for start in range(0, T, D):
+        basis = F.pad(eye[..., start:start + D], (0, max(0, start + D - T)))  # (B, H, T, D), zero-padded
+        columns.append(attend(*rest, basis)[..., :min(D, T - start)])
+    return torch.cat(columns, -1)
+
+
+# -----------------------------------------------------------------------------
+# masks: which key j a query i may see. Small named mask_mods in the attention-gym style (compose them with
+# flex_attention's and_masks / or_masks), each made once (module-level, or by a cached factory) so that one mask
+# is one object. Every rule takes its mask from them: block_mask (flex), dense_mask (a (T, T) bool for SDPA or a
+# softmax), band_mask (the band's tiles); each is built once per mask and shape, and cached.
+
+def causal_mask(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def off_diagonal_mask(b, h, q_idx, kv_idx):  # every key but the query's own token (AttentionX's ViT form)
+    return q_idx != kv_idx
+
+
+@lru_cache(maxsize=None)
+def sliding_window_mask(window):
+    def sliding_window(b, h, q_idx, kv_idx):  # i - W < j <= i
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+    return sliding_window
+
+
+@lru_cache(maxsize=None)
+def grid_mask(grid_size, radius, metric):
+    """Token 0 (CLS) sees and is seen by all; patch i (token 1 + i, row-major) sees patch j iff their distance on
+    the grid is at most `radius`, |Δr| + |Δc| ('manhattan') or max(|Δr|, |Δc|) ('chebyshev')."""
+    def grid_neighbours(b, h, q_idx, kv_idx):
+        dr = ((q_idx - 1) // grid_size - (kv_idx - 1) // grid_size).abs()
+        dc = ((q_idx - 1) % grid_size - (kv_idx - 1) % grid_size).abs()
+        distance = dr + dc if metric == 'manhattan' else torch.maximum(dr, dc)
+        return (q_idx == 0) | (kv_idx == 0) | (distance <= radius)
+    return grid_neighbours
+
+
+@lru_cache(maxsize=64)
+def block_mask(mask_mod, T, device):
+    """The flex BlockMask of `mask_mod` for T queries and T keys, built once per (mask_mod, T, device) and shared
+    by every layer (a BlockMask built for one length is wrong for another). None: every key visible, no mask."""
+    if mask_mod is None:
+        return None
+    return create_block_mask(mask_mod, None, None, T, T, device=device)
+
+
+@lru_cache(maxsize=64)
+def dense_mask(mask_mod, T, device):
+    """The (T, T) bool of `mask_mod`, True where query i sees key j: the same named function a BlockMask is built
+    from, evaluated on every (i, j) pair, for the paths that hand SDPA or a softmax an explicit mask. Shared: never
+    modify it in place."""
+    position = torch.arange(T, device=device)
+    return mask_mod(None, None, position.view(-1, 1), position)
+
+
+def run_flex(q, k, v, **kwargs):
+    """flex_attention, compiled on CUDA (eager flex is a slow reference there); eager on CPU, forward only."""
+    fn = compiled_flex_attention() if q.is_cuda else flex_attention
+    return fn(q, k, v, **kwargs)
+
+
+# eager flex on CPU is our forward-only check against the math path; its "not compiled" warning is expected there
+warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
+
+
+@lru_cache(maxsize=1)
+def compiled_flex_attention():
+    return torch.compile(flex_attention, dynamic=False)
+
+
+# -----------------------------------------------------------------------------
+# The band, for windowed rules without a T×T tensor: queries in tiles of `tile`, each tile against the
+# tile + lookback keys that can reach it (positions c·tile - lookback .. c·tile + tile - 1; lookback >= W, a whole
+# number of tiles). A sliding window of W keys then costs O(T·(tile + lookback)) time and memory.
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def band_layout(window, T):
+    """(W, tile, lookback): the window that matters for a sequence of T (never more than T); the query tile (up
+    to 64 queries keeps the matmuls efficient and the band narrow); the look-back >= W, a multiple of the tile."""
+    W = min(window, T)
+    tile = min(W, 64)
+    return W, tile, cdiv(W, tile) * tile
+
+
+def band_queries(x, tile):  # (B, H, T, D) -> (B, H, n, tile, D), zero-padded to n·tile positions
+    B, H, T, D = x.shape
+    n = cdiv(T, tile)
+    return F.pad(x, (0, 0, 0, n * tile - T)).view(B, H, n, tile, D)
+
+
+def band_keys(x, tile, lookback):  # (B, H, T, D) -> (B, H, n, tile + lookback, D)
+    B, H, T, D = x.shape
+    n = cdiv(T, tile)
+    # lookback zero keys in front, so tile 0 looks back too
+    tiles = F.pad(x, (0, 0, lookback, n * tile - T)).view(B, H, n + lookback // tile, tile, D)
+    return ShiftedTiles.apply(tiles, lookback // tile + 1)
+
+
+class ShiftedTiles(torch.autograd.Function):
+    """(B, H, n+m-1, tile, D) -> (B, H, n, m·tile, D): tile c followed by the next m-1, for every c (a cat of
+    m shifted views). Autograd would give each shifted view its own full-size gradient; backward sums them."""
+
+    @staticmethod
+    def forward(ctx, tiles, m):
+        ctx.m, ctx.shape = m, tiles.shape
+        n = tiles.size(2) - m + 1
+        return torch.cat([tiles[:, :, j:j + n] for j in range(m)], dim=3)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_tiles, n = grad.new_zeros(ctx.shape), grad.size(2)
+        for j, grad_shift in enumerate(grad.chunk(ctx.m, dim=3)):
+            grad_tiles[:, :, j:j + n] += grad_shift
+        return grad_tiles, None
+
+
+@lru_cache(maxsize=64)
+def band_mask(mask_mod, T, tile, lookback, device):
+    """(n, tile, tile+lookback) bool of `mask_mod` on the band: in tile c, key slot s (position c·tile - lookback
+    + s; before the sequence: hidden) is visible to query r (position c·tile + r)."""
+    n = cdiv(T, tile)
+    query = torch.arange(n * tile, device=device).view(n, tile, 1)
+    key = (torch.arange(n, device=device) * tile - lookback).view(n, 1, 1) + torch.arange(tile + lookback,
+                                                                                          device=device)
+    return (key >= 0) & mask_mod(None, None, query, key)
+
+
+def band_strip(x, W):
+    """The W slots that row r of a (..., tile, tile+lookback) band can reach (keys r-W+1..r: slots
+    lookback-W+1+r ..), as a (..., tile, W) view."""
+    *lead, tile, width = x.shape
+    assert x.is_contiguous()
+    return x.as_strided((*lead, tile, W), (*x.stride()[:-2], width + 1, 1), x.storage_offset() + width - tile - W + 1)
+
+
+def unband(y, T):  # (B, H, n, tile, D) -> (B, H, T, D)
+    B, H, n, tile, D = y.shape
+    return y.reshape(B, H, n * tile, D)[:, :, :T]
+
+
+# -----------------------------------------------------------------------------
+# Query tiles, for full-context rules whose weights are no softmax (no fused kernel) on the math path: queries in
+# tiles against the keys they can see, each tile recomputed in backward, so memory stays linear in T.
+
+def query_tiles(T, tile, causal):
+    """(start, end, n_keys) per tile of queries start..end-1, which see keys 0..n_keys-1 (causal: up to end)."""
+    return [(start, min(start + tile, T), min(start + tile, T) if causal else T) for start in range(0, T, tile)]
+
+
+def recompute_in_backward(fn, *args):
+    """fn(*args) keeping none of its intermediates for backward, where they are recomputed (activation
+    checkpointing): a loop over query tiles then holds one tile's intermediates at a time, not all of them."""
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    return checkpoint(fn, *args, use_reentrant=False)
+
+
+# -----------------------------------------------------------------------------
+# generation: the bookkeeping every rule's cache shares (positions, ring indexing). A rule's own cache object and
+# its decode method sit next to its attend; GPT.generate holds one cache per layer (model.GenerationCache, a
+# CacheGroup).
+
+class KVCache:
+    """One layer's cached tensors (B, H, n, D_i), e.g. k and v, and `pos`, the positions seen so far. capacity None:
+    all of them, in buffers that double when full (amortised O(1) per token). capacity W: a ring of the last W,
+    position p in slot p % W, which is exactly the window i - W < j <= i of the newest query i."""
+
+    def __init__(self, capacity=None):
+        self.capacity, self.pos, self.buffers = capacity, 0, None
+
+    def append(self, *tensors):  # (B, H, T, D_i) each: T new positions
+        T = tensors[0].size(2)
+        size = self.capacity or max(2 * self.pos, self.pos + T, 64)
+        if self.buffers is None or (self.capacity is None and self.pos + T > self.buffers[0].size(2)):
+            old, self.buffers = self.buffers, [t.new_zeros(*t.shape[:2], size, t.size(3)) for t in tensors]
+            for b, o in zip(self.buffers, old or []):
+                b[:, :, :self.pos] = o[:, :, :self.pos]
+        if self.capacity is None:
+            for b, t in zip(self.buffers, tensors):
+                b[:, :, self.pos:self.pos + T] = t
+        elif T == 1:  # one token: its slot in the ring, no index tensor
+            for b, t in zip(self.buffers, tensors):
+                b[:, :, self.pos % self.capacity] = t[:, :, 0]
+        else:  # only the last W can ever be seen again
+            m = min(T, self.capacity)
+            slots = torch.arange(self.pos + T - m, self.pos + T, device=tensors[0].device) % self.capacity
+            for b, t in zip(self.buffers, tensors):
+                b[:, :, slots] = t[:, :, T - m:]
+        self.pos += T
+
+    def tensors(self):  # the held positions, (B, H, min(pos, capacity), D_i) each; a ring's in slot order
+        n = self.pos if self.capacity is None else min(self.pos, self.capacity)
+        return [b[:, :, :n] for b in self.buffers]
+
+    def nbytes(self):  # the held positions' bytes (a growing buffer may hold up to 2x this, allocated)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+class CacheGroup:
+    """Caches that advance together, one per part: a two-branch rule's branches (MixAttention), a model's layers
+    (model.GenerationCache). `pos` is the first one's; `nbytes()` is what they all hold."""
+
+    def __init__(self, *caches):
+        self.caches = caches
+
+    @property
+    def pos(self):
+        return self.caches[0].pos
+
+    def nbytes(self):
+        return sum(c.nbytes() for c in self.caches)
+
+
+# SDPA's kernels for one query against a cache that grows by a key per token. Not cuDNN's: it builds a new graph
+# for every new key length (tens of ms per token on an H100; pytorch#155958), where flash reads any length.
+DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_sdpa(q, k, v):  # q (B, H, 1, D), k, v (B, H, n, D): every cached key is visible
+    with sdpa_kernel(DECODE_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v)
 
 
 # -----------------------------------------------------------------------------
@@ -876,16 +1133,11 @@ class AttentionConfig(ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, 
 
 
 # keys renamed so that one name means one thing; an old name stops with one line naming the new one
-RENAMED_KEYS = {'cluster_block': 'cluster_chunk', 'tda_chunk': 'tda_chunk_weights'}
+RENAMED_KEYS = {'cluster_block': 'cluster_chunk', 'tda_chunk': 'tda_chunk_weights', 'krause_mix': 'mix'}
 
 
 def build_attention(config, layer_idx):
-    return rule_class(config.attention, mixed(config))(config, layer_idx)
-
-
-def mixed(config):
-    """Whether layers have a softmax branch beside the rule: mix=True, or krause_mix=True (older spelling) for Krause."""
-    return config.mix or (config.krause_mix and config.attention == 'krause')
+    return rule_class(config.attention, config.mix)(config, layer_idx)
 
 
 def rule_class(attention, mix=False):

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from attention import AttentionConfig, build_attention, mixed
+from attention import AttentionConfig, build_attention
 from model import GPT, GPTConfig
 from support.runtime import DTYPES, dataclass_defaults, dataclass_values, peak_flops, precision
 
@@ -158,12 +158,12 @@ def report(row):
 def bench_attention():
     cases = []
     for T in [int(s) for s in str(seq_lens).split(',')]:
-        baseline = build_attention(attention_config(attention='softmax', window=0, mix=False, krause_mix=False,
+        baseline = build_attention(attention_config(attention='softmax', window=0, mix=False,
                                                     flex=False, causal=True, block_size=T), 0).to(device, ptdtype)
         cases.append((dict(attention='softmax', path='sdpa', T=T, device=device),
-                      attention_case(baseline, baseline.attend, T)))
+                      attention_case(baseline, baseline.path(), T)))  # path(): SDPA, what forward runs
         module = build_attention(attention_config(block_size=T), 0).to(device, ptdtype)
-        paths = [('flex' if flex else 'math', module.attend_flex if flex else module.attend)]
+        paths = [('flex' if flex else 'math', module.attend_flex if flex else module.path())]  # path(): forward's
         if dense and hasattr(module, 'attend_dense'):
             paths.append(('dense', module.attend_dense))
         for path, attend in paths:
@@ -200,7 +200,7 @@ def bench_model():
 
 @torch.no_grad()
 def bench_generate():
-    rules = [dict(attention='softmax', window=0, krause_mix=False, mix=False)]  # softmax beside the rule
+    rules = [dict(attention='softmax', window=0, mix=False)]  # softmax beside the rule
     if attention != 'softmax' or window or mix:
         rules.append({})
     lengths = [int(s) for s in str(seq_lens).split(',')]
@@ -222,7 +222,7 @@ def bench_generate():
                 for _ in range(decode_tokens):
                     model(token, cache=cache)
             ms = milliseconds(step, warmup=1) / decode_tokens
-            name = cfg.attention + ('-mix' if mixed(cfg) else '')
+            name = cfg.attention + ('-mix' if cfg.mix else '')
             name += f" W={cfg.krause_window}" if cfg.attention == 'krause' else f" W={cfg.window}" if cfg.window else ''
             rows.append(dict(attention=name, path='decode', T=T, device=device, ms=ms, peak_mib=cache.nbytes() / 2**20,
                              tokens_per_s=batch * 1000 / ms))
@@ -234,7 +234,7 @@ def bench_generate():
 @torch.no_grad()
 def bench_images():
     from support.images import cache_mib, timed_draw
-    rules = [dict(attention='softmax', window=0, krause_mix=False, mix=False)]  # softmax beside the rule
+    rules = [dict(attention='softmax', window=0, mix=False)]  # softmax beside the rule
     if attention != 'softmax' or window or mix:
         rules.append({})
     rows = []
@@ -245,7 +245,7 @@ def bench_images():
         model = GPT(cfg).to(device, ptdtype).eval()
         with precision(device, dtype)[2]:
             _, images_per_s, seconds = timed_draw(model, batch, batch, image_tokens, temperature=1.0)
-        name = cfg.attention + ('-mix' if mixed(cfg) else '') + (
+        name = cfg.attention + ('-mix' if cfg.mix else '') + (
             f" W={cfg.krause_window} k={cfg.krause_topk}" if cfg.attention == 'krause' else
             f" W={cfg.window}" if cfg.window else '')
         rows.append(dict(attention=name, path='images', T=image_tokens, batch=batch, device=device, dtype=dtype,

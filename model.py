@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import Attention, AttentionConfig, MixAttention, build_attention
+from attention import Attention, AttentionConfig, CacheGroup, MixAttention, build_attention
 
 
 @dataclass
@@ -126,6 +126,26 @@ def attention_layers(model):
 
 
 @torch.no_grad()
+def layer_inputs_outputs(model, modules, *inputs):
+    """{module: (x, y)}: what each of `modules` (layers of `model`: attention layers, blocks) is given (x, its first
+    argument) and returns (y) the first time model(*inputs) calls it, in eval mode (no dropout: what an evaluation
+    sees). The one way to take a layer's own input out of a model and run the layer again on it."""
+    seen, was_training = {}, model.training
+
+    def keep(module, args, out):  # returns None: a forward hook's return value would replace the output
+        seen.setdefault(module, (args[0], out))
+    hooks = [m.register_forward_hook(keep) for m in modules]
+    try:
+        model.eval()
+        model(*inputs)
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+@torch.no_grad()
 def attention_reports(model, *inputs):
     """[(module name, report)] of the attention layers that report on themselves (Attention.report, e.g. cluster
     usage), asked on one batch: each layer is given the input it sees in model(*inputs)."""
@@ -133,33 +153,23 @@ def attention_reports(model, *inputs):
               if isinstance(m, Attention) and type(m).report is not Attention.report]
     if not layers:
         return []
-    inputs_seen, was_training = {}, model.training
-    hooks = [m.register_forward_pre_hook(lambda m, args: inputs_seen.setdefault(m, args[0])) for _, m in layers]
-    try:
-        model.eval()  # no dropout: the layers see what an evaluation sees
-        model(*inputs)
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
-    reports = [(name, m.report(*m.project(inputs_seen[m]))) for name, m in layers if m in inputs_seen]
+    seen = layer_inputs_outputs(model, [m for _, m in layers], *inputs)
+    reports = [(name, m.report(*m.project(seen[m][0]))) for name, m in layers if m in seen]
     return [(name, report) for name, report in reports if report]
 
 
-class GenerationCache:
-    """What generation keeps between tokens: one cache per layer (each rule's own, Attention.new_cache), for one
-    model and one batch size. `pos`: the positions seen so far; `nbytes()`: what the layers' caches hold."""
+class GenerationCache(CacheGroup):
+    """What generation keeps between tokens: a CacheGroup of one cache per layer (each rule's own,
+    Attention.new_cache), for one model and one batch size. `pos`: the positions seen so far; `nbytes()`: what the
+    layers' caches hold."""
 
     def __init__(self, model, batch):
+        super().__init__(*[block.attn.new_cache() for block in model.transformer.h])
         self.model_id, self.batch = id(model), batch
-        self.layers = [block.attn.new_cache() for block in model.transformer.h]
 
     @property
-    def pos(self):
-        return self.layers[0].pos
-
-    def nbytes(self):
-        return sum(c.nbytes() for c in self.layers)
+    def layers(self):  # the group's caches, one per layer
+        return self.caches
 
 
 class GPT(nn.Module):

@@ -22,12 +22,11 @@ import time
 import numpy as np
 import torch
 
-from support.checkpoint import load_checkpoint
+from support.checkpoint import load_run
 from support.images import cache_mib, png_grid, timed_draw, to_images
-from model import merge_lora
 from model import GPT, GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from, load_base
-from prepare import dataset_kind, stored_as
+from prepare import dataset_kind
 from prepare.recall import make_examples
 from support.runtime import precision
 
@@ -42,7 +41,7 @@ top_k = 200               # retain only the top_k most likely tokens, clamp othe
 batch = 16                # images: sequences drawn at once
 complete = False          # images: complete the top half of test images (originals beside completions)
 png = ''                  # images: where the grid goes; default out_dir/samples.png or completions.png
-data_dir = ''             # images, --complete: the prepared dataset; default the checkpoint's, else data/<dataset>
+data_dir = ''             # images: the prepared dataset; default the checkpoint's, else its dataset's default folder
 use_cache = True          # KV cache (prefill, then one token at a time); False: recompute the context per token
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -114,8 +113,9 @@ def recall_episodes(model, task, shown, device, seed, n=1000):
 
 
 def load_gpt(init_from, device):
-    """(model, meta) of out_dir's checkpoint (init_from='resume') or of a base; LoRA merged. One error line if it
-    cannot be had."""
+    """(model, meta) of out_dir's checkpoint (init_from='resume', support.checkpoint.load_run) or of a base, in eval
+    mode on the device, LoRA merged; meta holds the run's config and data_dir too. One error line if it cannot be
+    had."""
     if init_from != 'resume':
         try:
             check_init_from(init_from)
@@ -127,26 +127,22 @@ def load_gpt(init_from, device):
             raise SystemExit(f"error: {e}")
         model = GPT(GPTConfig(**base['model_args']))
         model.load_state_dict(base['state'])
-        return model, {**base['meta'], 'pixels': False, 'config': {'attention': base['model_args']['attention']}}
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
-    pixels = dataset_kind(checkpoint['config']['dataset']) == 'pixels' if 'config' in checkpoint else False
-    if checkpoint['meta'].get('kind') == 'image' and not pixels:
-        raise SystemExit(f"error: {ckpt_path} holds a ViT image classifier ({checkpoint['config']['dataset']}); "
+        return model.to(device).eval(), {**base['meta'], 'pixels': False, 'data_dir': None,
+                                         'config': {'attention': base['model_args']['attention']}}
+    run = load_run(out_dir, device)
+    pixels = dataset_kind(run.config['dataset']) == 'pixels' if 'dataset' in run.config else False
+    if not isinstance(run.model, GPT):
+        raise SystemExit(f"error: {out_dir} holds a ViT image classifier ({run.config['dataset']}); "
                          f"sample.py generates text from a GPT. Evaluate it with train.py and the config it was "
                          f"trained with, e.g.: python train.py config/softmax_vit.py "
-                         f"--out_dir={os.path.dirname(ckpt_path)} --init_from=resume --eval_only=True")
-    model = GPT(GPTConfig(**checkpoint['model_args']))
-    model.load_state_dict(checkpoint['model'])
-    merge_lora(model)  # one Linear per target again: the same function, faster
-    return model, {**checkpoint['meta'], 'pixels': pixels, 'config': checkpoint.get('config', {})}
+                         f"--out_dir={out_dir} --init_from=resume --eval_only=True")
+    return run.model, {**run.meta, 'pixels': pixels, 'config': run.config, 'data_dir': run.data_dir}
 
 
 def sample_images(model, meta, device):
     """Draw (or complete) num_samples images with the cache; write the PNG grid; print images/s and cache MiB."""
     config = meta['config']
-    folder = data_dir or config.get('data_dir') or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
-                                                                 stored_as(config['dataset']))
+    folder = data_dir or meta['data_dir']
     try:
         test = np.load(os.path.join(folder, 'val_x.npy'), mmap_mode='r')  # (N, H, W, C): the test split
     except (OSError, ValueError) as e:
@@ -174,7 +170,6 @@ if __name__ == '__main__':
     torch.cuda.manual_seed(seed)
     device_type, ptdtype, ctx = precision(device, dtype)
     model, meta = load_gpt(init_from, device)
-    model.eval().to(device)
     if meta['pixels']:
         with ctx:
             sample_images(model, meta, device)

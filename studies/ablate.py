@@ -2,10 +2,10 @@
 One honest table: train each named rule on the same recipe, budget and seeds, one run after another, then evaluate
 each checkpoint on the whole val split (train.py --eval_only=True --eval_full=True) and analyse it (analyze.py).
 
-$ python ablate.py --out_root=abl-sh --seeds=1337,1338 --recipe="config/shakespeare_char.py --device=cpu \\
+$ python studies/ablate.py --out_root=abl-sh --seeds=1337,1338 --recipe="config/shakespeare_char.py --device=cpu \\
       --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 \\
       --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0"
-$ python ablate.py --out_root=abl-recall --rules=softmax,krause                  # the default recall job
+$ python studies/ablate.py --out_root=abl-recall --rules=softmax,krause                  # the default recall job
 
 Run R with seed S lives in out_root/R-sS; a run whose eval_full.json is there is not trained again, so a stopped
 ablation goes on where it was, and more seeds can be added later. Writes out_root/ablation.md (the table),
@@ -19,10 +19,10 @@ import subprocess
 import sys
 
 import numpy as np
-import torch
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prepare import dataset_kind
 from studies import analyze
 
 # -----------------------------------------------------------------------------
@@ -61,13 +61,14 @@ def summary(out_dir):
     records = analyze.read_log(os.path.join(out_dir, 'log.jsonl'))
     times = [r['time_ms'] for r in records if r.get('type') == 'train']
     rate_key = next((k for k in ('tokens_per_s', 'images_per_s') if any(k in r for r in records)), None)
-    model, args, config, kind, _ = analyze.load_model(out_dir)
+    run = analyze.open_run(out_dir)
+    model, config, kind = run.model, run.config, dataset_kind(run.config['dataset'])
     analyze.batch_size = analysis_batch
-    x = analyze.val_batch(config, kind, args['block_size'], config['data_dir'])
+    x = analyze.val_batch(config, run.data_dir, model.config.block_size)
     layers, _ = analyze.analyse(model, x)
     # tokens per iteration for every sequence task (text, recall, passkey), images for a ViT
-    per_sample = config['batch_size'] * config['gradient_accumulation_steps'] * (args['block_size'] if kind != 'image'
-                                                                                 else 1)
+    per_sample = config['batch_size'] * config['gradient_accumulation_steps'] * (model.config.block_size
+                                                                                 if kind != 'image' else 1)
     shares = [h for r in layers for h in r.get('heads', {}).get('first_token_share', []) if isinstance(h, float)]
     share_note = next((r['heads']['first_token_share'] for r in layers
                        if isinstance(r.get('heads', {}).get('first_token_share'), str)), None)

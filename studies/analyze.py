@@ -2,8 +2,8 @@
 What attention does in trained checkpoints: sinks, sparsity, entropy, rank collapse and token groups, per layer and head
 (docs/rules.md says which weights each rule reports), on one batch of validation data, for any rule, GPT or ViT.
 
-$ python analyze.py --out_dir=out-shakespeare-char                       # a table, and out_dir/analysis.json
-$ python analyze.py --out_dir=out-a,out-b --plots=plots                  # several checkpoints; PNGs need matplotlib
+$ python studies/analyze.py --out_dir=out-shakespeare-char                       # a table, and out_dir/analysis.json
+$ python studies/analyze.py --out_dir=out-a,out-b --plots=plots                  # several checkpoints; PNGs need matplotlib
 
 Per layer l, from the attention weights W (B, H, T, T) of block l on its own input (every rule gives W through one
 mechanism, Attention.attention_weights: the rule's `attend` run on the identity basis, y = W v):
@@ -26,6 +26,7 @@ Install matplotlib (`pip install matplotlib`) for the plots; nothing else needs 
 import json
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -33,17 +34,18 @@ import torch.nn.functional as F
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, normalize
-from attention import MixAttention
-from model import GPT, GPTConfig
-from prepare import check_files, dataset_kind, read_meta, recorded_dataset
-from support.checkpoint import load_checkpoint
-from vit import ViT, ViTConfig
+from attention import MixAttention, causal_mask, dense_mask
+from model import layer_inputs_outputs
+from prepare import check_files, dataset_kind, read_meta, recorded_dataset, stored_as
+from support.checkpoint import load_run
+from support.data import Batches
+from vit import ViT
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'             # a train.py out_dir, or several separated by commas
 data_dir = ''               # default: the data_dir each checkpoint was trained on
-batch_size = 8              # validation examples (text: windows of block_size tokens) in the batch analysed
+batch_size = 8              # validation examples (text: windows of block_size tokens) in the batch analysed: the
+                            # first rows of train.py's evaluation batches (its generator, seeded its seed + 1)
 untrained = False           # also analyse a fresh model of each checkpoint's config (the same seed's init)
 example = 0                 # the example whose attention maps are plotted
 json_out = ''               # default: analysis.json in the first out_dir
@@ -60,7 +62,7 @@ THRESHOLDS = (0.9, 0.95, 0.99)
 # the metrics, each on plain tensors (tests/test_analyze.py builds inputs for them)
 
 def visible_mask(T, causal):
-    return torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.ones(T, T, dtype=torch.bool)
+    return dense_mask(causal_mask, T, None) if causal else torch.ones(T, T, dtype=torch.bool)
 
 
 def uniform_share(T, causal):
@@ -121,43 +123,37 @@ class Skip(Exception):
     """A checkpoint that cannot be analysed: one line saying what to do."""
 
 
-def load_model(path):
-    """(model, model_args, train config, kind) of out_dir `path`; Skip with what to do if it cannot be read."""
+def open_run(path):
+    """load_run(path) (Run: model, config, meta, data_dir, iter_num) on the CPU; Skip with what to do if it cannot be
+    read."""
     try:
-        checkpoint = load_checkpoint(os.path.join(path, 'ckpt.pt'), 'cpu', hint="train one there first, or check "
-                                     "--out_dir")
+        return load_run(path, 'cpu', hint="train one there first, or check --out_dir")
     except SystemExit as e:
         raise Skip(str(e).removeprefix('error: '))
-    args, config = checkpoint['model_args'], checkpoint['config']
-    kind = dataset_kind(config['dataset'])
-    model = (ViT(ViTConfig(**args)) if kind == 'image' else GPT(GPTConfig(**args)))
-    model.load_state_dict(checkpoint['model'])
-    return model.eval(), args, config, kind, checkpoint['iter_num']
 
 
-def val_batch(config, kind, T, folder):
-    """batch_size validation examples from `folder` (text: windows at random starts, seeded)."""
+def val_batch(config, folder, block_size):
+    """batch_size validation inputs from `folder` through the data reader train.py uses (support.data.Batches): the
+    rows train.py's estimate_loss draws first (a generator seeded the run's seed + 1). Skip if the folder holds
+    another dataset, or is damaged."""
     name = config['dataset']
+    kind = dataset_kind(name)
     try:
         meta = read_meta(folder)
-        theirs = recorded_dataset(meta, name) if meta else name
-        if theirs != name:
+        theirs = recorded_dataset(meta, stored_as(name)) if meta else stored_as(name)
+        if theirs != stored_as(name):  # a pixel dataset's folder is its image dataset's
             raise Skip(f"{folder} holds {theirs!r} ({dataset_kind(theirs)}) data, but the checkpoint was trained on "
                        f"{name!r} ({kind}); pass --data_dir=FOLDER of {name}, or leave --data_dir out to use "
-                       f"{config['data_dir'] or 'the one it was trained on'}")
-        check_files(name, folder)
+                       f"{config.get('data_dir') or 'the one it was trained on'}")
+        meta, split_rows = check_files(name, folder)
+        batches = Batches(name, folder, meta, split_rows, block_size, batch_size, 'cpu')
     except ValueError as e:
         raise Skip(f"{e} (the checkpoint was trained on {name!r}; pass --data_dir=FOLDER of it)")
-    generator = torch.Generator().manual_seed(seed)
-    if kind == 'text':
-        data = np.memmap(os.path.join(folder, 'val.bin'), dtype=np.uint16, mode='r')
-        starts = torch.randint(len(data) - T, (batch_size,), generator=generator).tolist()
-        return torch.stack([torch.from_numpy(data[s:s + T].astype(np.int64)) for s in starts])
-    x = np.load(os.path.join(folder, 'val_x.npy'), mmap_mode='r')[:batch_size]
-    if kind == 'image':
-        stats = (CIFAR100_MEAN, CIFAR100_STD) if config['dataset'] == 'cifar100' else (CIFAR10_MEAN, CIFAR10_STD)
-        return normalize(torch.from_numpy(np.ascontiguousarray(x)), *stats)
-    return torch.from_numpy(x.astype(np.int64))
+    if batches.sizes['val'] < 1:
+        raise Skip(batches.too_little_data('val', block_size + 1))
+    generator = torch.Generator().manual_seed(config.get('seed', seed) + 1)
+    rows = torch.randint(batches.sizes['val'], (1, batch_size), generator=generator)  # estimate_loss's first batch
+    return batches.load_batch('val', rows[0])[0]
 
 
 def blocks(model):
@@ -167,21 +163,15 @@ def blocks(model):
 @torch.no_grad()
 def analyse(model, x):
     """Per layer: the metrics (dict) and the (B, H, T, T) weights or None."""
-    inputs, outputs = {}, {}
-    hooks = [b.attn.register_forward_hook(lambda m, a, o, i=i: inputs.__setitem__(i, a[0]))
-             for i, b in enumerate(blocks(model))]
-    hooks += [b.register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o)) for i, b in enumerate(blocks(model))]
-    model(x)
-    for h in hooks:
-        h.remove()
+    seen = layer_inputs_outputs(model, [m for b in blocks(model) for m in (b, b.attn)], x)
     layers, maps = [], []
     for i, block in enumerate(blocks(model)):
-        attn, X = block.attn, outputs[i].cpu()
+        attn, X = block.attn, seen[block][1].cpu()  # the residual stream after block i
         row = {'layer': i, 'rule': type(attn).__name__, 'T': X.size(1),
                'residual': float(np.mean([collapse_residual(t) for t in X])),
                'effective_rank': float(np.mean([effective_rank(t) for t in X])),
                'token_groups': {str(t): float(np.mean([token_groups(e, t) for e in X])) for t in THRESHOLDS}}
-        tensors = attn.project(inputs[i])
+        tensors = attn.project(seen[attn][0])  # the attention's own input in the model
         try:
             w = attn.attention_weights(*tensors).float().cpu()
         except NotImplementedError as e:
@@ -367,22 +357,22 @@ def main():
     dirs = [d for d in out_dir.split(',') if d]
     for path in dirs:
         try:
-            model, args, config, kind, iter_num = load_model(path)
-            x = val_batch(config, kind, args['block_size'], data_dir or config['data_dir'] or
-                          os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', config['dataset']))
+            run = open_run(path)
+            model, config = run.model, run.config
+            x = val_batch(config, data_dir or run.data_dir, model.config.block_size)
         except Skip as e:
             print(f"error: {path}: {e}")
             problems.append({'name': path, 'error': str(e)})
             continue
-        runs = [(path, model, iter_num)]
+        runs = [(path, model, run.iter_num)]
         if untrained:
             torch.manual_seed(config.get('seed', seed))
-            fresh = (ViT(ViTConfig(**args)) if kind == 'image' else GPT(GPTConfig(**args))).eval()
-            runs.append((f"{path} (untrained)", fresh, 0))
+            runs.append((f"{path} (untrained)", type(model)(replace(model.config)).eval(), 0))  # the same init
         for name, m, it in runs:
             layers, maps = analyse(m.to(device), x.to(device))
             slug = name.strip('/').replace('/', '_').replace(' ', '_').replace('(', '').replace(')', '')
-            entries.append({'name': name, 'slug': slug, 'attention': args['attention'], 'iter': it, 'T': layers[0]['T'],
+            entries.append({'name': name, 'slug': slug, 'attention': model.config.attention, 'iter': it,
+                            'T': layers[0]['T'],
                             'examples': x.size(0), 'layers': layers,
                             'log': read_log(os.path.join(path, 'log.jsonl')) if it else []})
             all_maps.append(maps)

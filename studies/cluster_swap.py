@@ -1,28 +1,31 @@
 """
-Seed 002's question 5: how much worse is cluster attention than the softmax attention it replaces? Swap it into a
-trained softmax GPT with the same q, k, v and output weights, its seeds found by spherical k-means on that model's
-own keys (per layer and head, on training batches), and report per layer ||y_cluster - y_softmax|| / ||y_softmax||
-(each layer fed the softmax model's own input to that layer) and the validation loss with every layer swapped.
+How much worse is cluster attention than the softmax attention it replaces? Swap it into a trained softmax GPT with
+the same q, k, v and output weights, its seeds found by spherical k-means on that model's own keys (per layer and
+head, on training batches), and report per layer ||y_cluster - y_softmax|| / ||y_softmax|| (each layer fed the
+softmax model's own input to that layer) and the validation loss with every layer swapped.
 
-$ python cluster_swap.py --out_dir=out-shakespeare-char --cluster_chunk=8 --cluster_ms=4,16,64
+$ python studies/cluster_swap.py --out_dir=out-shakespeare-char --cluster_chunk=8 --cluster_ms=4,16,64
 
-The validation batches are train.py's (eval_iters batches, rows from seed + 1), so the softmax row repeats the
+The validation batches are drawn as train.py's evaluation draws them (eval_iters batches, rows from a generator
+seeded seed + 1, support.data.Batches), so with the run's seed and eval_iters the softmax row repeats the
 checkpoint's last `val loss`. With cluster_chunk >= the context there is no earlier chunk and nothing changes.
 """
 import os
 import sys
+from dataclasses import replace
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from model import GPT, GPTConfig
-from support.checkpoint import load_checkpoint
+from model import GPT, layer_inputs_outputs
+from prepare import check_files
+from support.checkpoint import load_run
+from support.data import Batches
 
 # -----------------------------------------------------------------------------
-out_dir = 'out-shakespeare-char'   # a softmax GPT trained by train.py on a text dataset
+out_dir = 'out-shakespeare-char'   # a softmax GPT trained by train.py
 data_dir = ''                      # default: the one it was trained on
 cluster_chunk = 8
 cluster_ms = '4,16,64'
@@ -31,43 +34,34 @@ kmeans_batches = 20                # training batches whose keys the seeds are f
 kmeans_iters = 25
 eval_iters = 20
 seed = 1337
-exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+if __name__ == '__main__':  # tests import the functions without reading the command line
+    exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
-torch.manual_seed(seed)
-checkpoint = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), 'cpu', hint="train a softmax GPT first")
-model_args, train_config = checkpoint['model_args'], checkpoint['config']
-if model_args['attention'] != 'softmax' or model_args.get('window'):
-    raise SystemExit(f"error: {out_dir} holds a '{model_args['attention']}' model; the swap starts from full softmax")
-data_dir = data_dir or train_config['data_dir'] or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data',
-                                                                train_config['dataset'])
-T, batch_size = model_args['block_size'], train_config['batch_size']
 
 
-def batches(split, n, generator_seed):
-    """n batches of (x, y) as train.py draws them (a fresh generator per call: the same rows every time)."""
-    data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
-    rows = torch.randint(len(data) - T, (n, batch_size), generator=torch.Generator().manual_seed(generator_seed))
+def batches(reader, split, n, generator_seed):
+    """n batches of (x, y) as train.py draws them from `reader` (a support.data.Batches; a fresh generator per call:
+    the same rows every time)."""
+    rows = torch.randint(reader.sizes[split], (n, reader.batch_size),
+                         generator=torch.Generator().manual_seed(generator_seed))
     for ix in rows:
-        x = torch.stack([torch.from_numpy(data[i:i + T + 1].astype(np.int64)) for i in ix.tolist()])
-        yield x[:, :-1], x[:, 1:]
+        yield reader.load_batch(split, ix)
 
 
-def build(**overrides):
-    model = GPT(GPTConfig(**{**model_args, **overrides}))
-    missing, unexpected = model.load_state_dict(checkpoint['model'], strict=False)
+def swapped_in(softmax, **overrides):
+    """A GPT of `softmax`'s config with overrides (another rule), holding its weights; the new rule's own parameters
+    (cluster seeds and sharpness) as initialised."""
+    model = GPT(replace(softmax.config, **overrides))
+    missing, unexpected = model.load_state_dict(softmax.state_dict(), strict=False)
     assert not unexpected and all(k.endswith(('seeds', 'log_sharpness')) for k in missing), (missing, unexpected)
     return model.eval()
 
 
 @torch.no_grad()
 def attention_inputs(model, x):
-    """The input of every layer's attention (after ln_1), from a forward pass of the softmax model."""
-    inputs = []
-    hooks = [b.attn.register_forward_hook(lambda m, args, out: inputs.append(args[0])) for b in model.transformer.h]
-    model(x)
-    for h in hooks:
-        h.remove()
-    return inputs
+    """The input of every layer's attention (after ln_1), from a forward pass of the model."""
+    seen = layer_inputs_outputs(model, [b.attn for b in model.transformer.h], x)
+    return [seen[b.attn][0] for b in model.transformer.h]
 
 
 def spherical_kmeans(keys, m, iters):
@@ -85,14 +79,25 @@ def spherical_kmeans(keys, m, iters):
 
 @torch.no_grad()
 def main():
-    softmax = build()
+    torch.manual_seed(seed)
+    run = load_run(out_dir, 'cpu', hint="train a softmax GPT first")
+    softmax, folder = run.model, data_dir or run.data_dir
+    if softmax.config.attention != 'softmax' or softmax.config.window or softmax.config.mix:
+        raise SystemExit(f"error: {out_dir} holds a '{softmax.config.attention}' model; the swap starts from full "
+                         f"softmax")
+    dataset, T, batch_size = run.config['dataset'], softmax.config.block_size, run.config['batch_size']
+    try:
+        meta, split_rows = check_files(dataset, folder)
+        reader = Batches(dataset, folder, meta, split_rows, T, batch_size, 'cpu')
+    except ValueError as e:
+        raise SystemExit(f"error: {e} (the checkpoint was trained on {dataset}; pass --data_dir=DIR of it)")
     layers = softmax.transformer.h
     keys = [[] for _ in layers]  # per layer: (H, tokens, D) pieces
-    for x, _ in batches('train', kmeans_batches, seed + 2):
+    for x, _ in batches(reader, 'train', kmeans_batches, seed + 2):
         for keys_l, block, x_l in zip(keys, layers, attention_inputs(softmax, x)):
             k = block.attn.project(x_l)[1]                                          # (B, H, T, D)
             keys_l.append(k.transpose(0, 1).flatten(1, 2))
-    val = list(batches('val', eval_iters, seed + 1))
+    val = list(batches(reader, 'val', eval_iters, seed + 1))
     val_loss = lambda model: sum(model(x, y)[1].item() for x, y in val) / len(val)
     base = val_loss(softmax)
     print(f"{out_dir}: context {T}, cluster_chunk {cluster_chunk}, sharpness {cluster_sharpness}, "
@@ -100,8 +105,8 @@ def main():
     print(f"softmax val loss {base:.4f} ({eval_iters} batches)")
     print(f"| m | {' | '.join(f'layer {i} rel. error' for i in range(len(layers)))} | val loss | change |")
     for m in [int(s) for s in cluster_ms.split(',')]:
-        swapped = build(attention='cluster', cluster_m=m, cluster_chunk=cluster_chunk,
-                        cluster_sharpness=cluster_sharpness)
+        swapped = swapped_in(softmax, attention='cluster', cluster_m=m, cluster_chunk=cluster_chunk,
+                             cluster_sharpness=cluster_sharpness)
         for block, keys_l in zip(swapped.transformer.h, keys):
             block.attn.seeds.copy_(spherical_kmeans(torch.cat(keys_l, 1), m, kmeans_iters))
         err, ref = torch.zeros(len(layers)), torch.zeros(len(layers))
@@ -115,4 +120,5 @@ def main():
               f"{loss - base:+.4f} |")
 
 
-main()
+if __name__ == '__main__':
+    main()

@@ -1,7 +1,7 @@
 """
 Length extrapolation: val loss of a GPT checkpoint at contexts of 1x, 2x, 4x, 8x its training block_size.
 
-$ python extrapolate.py --out_dir=out-shakespeare-char [--multiples=1,2,4,8 --num_tokens=65536]
+$ python studies/extrapolate.py --out_dir=out-shakespeare-char [--multiples=1,2,4,8 --num_tokens=65536]
 
 For each length L = m x block_size: num_tokens // L windows of the val split at fixed random offsets (the same
 seed for every checkpoint), the mean loss over all positions ('all') and over the positions past the training
@@ -20,14 +20,14 @@ import torch.nn.functional as F
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support.checkpoint import load_checkpoint
-from attention import mixed
-from model import GPT, GPTConfig
+from prepare import check_files
+from support.checkpoint import load_run
+from support.data import Batches
 from support.runtime import precision
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
-data_dir = ''               # default: the checkpoint's own data_dir
+data_dir = ''               # default: the checkpoint's own data_dir (else its dataset's default folder)
 multiples = '1,2,4,8'
 num_tokens = 65536          # val tokens per length
 batch_size = 8
@@ -41,18 +41,18 @@ exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @torch.no_grad()
-def evaluate(model, data, L, ctx):
-    """(mean loss over all positions, over positions >= block_size or None) on num_tokens // L windows of L."""
+def evaluate(model, batches, L, ctx):
+    """(mean loss over all positions, over positions >= block_size or None) on num_tokens // L windows of L; batches:
+    the val split read in windows of L (support.data.Batches with block_size L)."""
     rng = np.random.default_rng(seed)
-    starts = rng.integers(0, len(data) - L - 1, size=max(1, num_tokens // L))
+    starts = rng.integers(0, batches.split_rows['val'] - L - 1, size=max(1, num_tokens // L))
     block = model.config.block_size
     total, beyond = [], []
     for i in range(0, len(starts), batch_size):
-        rows = [torch.from_numpy(data[s:s + L + 1].astype(np.int64)) for s in starts[i:i + batch_size]]
-        xy = torch.stack(rows).to(device)
+        x, y = batches.load_batch('val', torch.from_numpy(starts[i:i + batch_size]))  # (b, L) each
         with ctx:
-            logits, _ = model(xy[:, :-1], xy[:, 1:])
-        loss = F.cross_entropy(logits.float().transpose(1, 2), xy[:, 1:], reduction='none')  # (b, L)
+            logits, _ = model(x, y)
+        loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction='none')  # (b, L)
         total.append(loss.mean(1))
         beyond.append(loss[:, block:].mean(1) if L > block else loss[:, :0].sum(1))
     return torch.cat(total).mean().item(), (torch.cat(beyond).mean().item() if L > block else None)
@@ -75,15 +75,12 @@ def passkey_accuracy(model, task, L, ctx):
 
 if __name__ == '__main__':
     device_type, ptdtype, ctx = precision(device, dtype)
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
-    if checkpoint['meta'].get('kind') != 'text' and checkpoint['meta'].get('dataset') != 'passkey':
-        raise SystemExit(f"error: {ckpt_path} is not a text model; extrapolate.py evaluates a GPT on a token stream")
-    model = GPT(GPTConfig(**checkpoint['model_args']))
-    model.load_state_dict(checkpoint['model'])
-    model.eval().to(device)
-    cfg, task = model.config, checkpoint['meta'].get('task')
-    if checkpoint['meta']['dataset'] == 'passkey':
+    run = load_run(out_dir, device)
+    if run.meta.get('kind') != 'text' and run.meta.get('dataset') != 'passkey':
+        raise SystemExit(f"error: {out_dir} is not a text model; extrapolate.py evaluates a GPT on a token stream")
+    model = run.model
+    cfg, task = model.config, run.meta.get('task')
+    if run.meta['dataset'] == 'passkey':
         for m in [int(s) for s in str(multiples).split(',')]:
             L = m * cfg.block_size
             if cfg.pos_emb == 'learned' and L > cfg.block_size:
@@ -95,18 +92,22 @@ if __name__ == '__main__':
             print(json.dumps(row) if json_out else f"{row['model']:<24s} {m}x T={L:<6d} passkey accuracy {whole:.3f} "
                                                    f"(digits {digit:.3f})")
         raise SystemExit(0)
-    data_dir = data_dir or checkpoint['config']['data_dir']
-    data = np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
-    name = cfg.attention + ('-mix' if mixed(cfg) else '') + f" pos_emb={cfg.pos_emb}"
+    data_dir, dataset = data_dir or run.data_dir, run.config['dataset']
+    try:
+        meta, split_rows = check_files(dataset, data_dir)
+    except ValueError as e:
+        raise SystemExit(f"error: {e} (the checkpoint was trained on {dataset}; pass --data_dir=DIR of it)")
+    name = cfg.attention + ('-mix' if cfg.mix else '') + f" pos_emb={cfg.pos_emb}"
     for m in [int(s) for s in str(multiples).split(',')]:
         L = m * cfg.block_size
         row = dict(checkpoint=out_dir, model=name, multiple=m, T=L)
         if cfg.pos_emb == 'learned' and L > cfg.block_size:
             row['loss'] = row['beyond'] = None  # learned positions stop at block_size
-        elif L + 1 >= len(data):
-            raise SystemExit(f"error: {data_dir}/val.bin holds {len(data):,} tokens, too few for length {L}")
+        elif L + 1 >= split_rows['val']:
+            raise SystemExit(f"error: {data_dir}/val.bin holds {split_rows['val']:,} tokens, too few for length {L}")
         else:
-            row['loss'], row['beyond'] = evaluate(model, data, L, ctx)
+            row['loss'], row['beyond'] = evaluate(model, Batches(dataset, data_dir, meta, split_rows, L, batch_size,
+                                                                 device), L, ctx)
         if json_out:
             print(json.dumps(row))
         else:

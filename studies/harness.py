@@ -1,9 +1,9 @@
 """
 Score a GPT checkpoint with EleutherAI's lm-evaluation-harness (lm_eval), any attention rule, GPT-2 BPE.
 
-$ python harness.py --out_dir=DIR --tasks=hellaswag,arc_easy                 # harness tasks (their data: the hub)
-$ python harness.py --out_dir=DIR --tasks=hellaswag_nanogpt --hellaswag_source=hellaswag_val.jsonl   # local tasks
-$ python harness.py --out_dir=DIR --tasks=text_rolling --text_source=doc.txt  # rolling log-likelihood, perplexity
+$ python studies/harness.py --out_dir=DIR --tasks=hellaswag,arc_easy                 # harness tasks (their data: the hub)
+$ python studies/harness.py --out_dir=DIR --tasks=hellaswag_nanogpt --hellaswag_source=hellaswag_val.jsonl   # local tasks
+$ python studies/harness.py --out_dir=DIR --tasks=text_rolling --text_source=doc.txt  # rolling log-likelihood, perplexity
 
 Writes the harness's results as DIR/harness.json and its table as DIR/harness.md. The local tasks (lm_tasks/):
 hellaswag_local (the harness's hellaswag over a local jsonl), hellaswag_nanogpt (hellaswag.py's strings: ctx + " " +
@@ -203,20 +203,17 @@ def check_settings():
     return names
 
 
-def load_model(ckpt_path):
-    """The checkpoint's GPT in eval mode on `device`; SystemExit unless it reads GPT-2 BPE."""
-    from support.checkpoint import load_checkpoint
-    from model import GPT, GPTConfig
-    checkpoint = load_checkpoint(ckpt_path, device, hint="train one first or pass --out_dir=DIR")
-    encoding = checkpoint['meta'].get('encoding')
+def load_bpe_run(path):
+    """load_run(path) on `device` (a LoRA fine-tune scored as its merged weights); SystemExit unless its model
+    reads GPT-2 BPE."""
+    from support.checkpoint import load_run
+    run = load_run(path, device)
+    encoding = run.meta.get('encoding')
     if encoding != 'gpt2':
-        raise SystemExit(f"error: {ckpt_path} is a model of {checkpoint['config']['dataset']} ({encoding or 'images'}"
-                         f"), not of GPT-2 BPE text; the harness's tasks are English text: score a model trained on "
+        raise SystemExit(f"error: {path} is a model of {run.config.get('dataset')} ({encoding or 'images'}), not of "
+                         f"GPT-2 BPE text; the harness's tasks are English text: score a model trained on "
                          f"fineweb_edu, openwebtext or shakespeare")
-    from model import merge_lora
-    model = GPT(GPTConfig(**checkpoint['model_args']))
-    model.load_state_dict(checkpoint['model'])
-    return merge_lora(model).to(device).eval(), checkpoint  # a LoRA fine-tune scored as its merged weights
+    return run
 
 
 def write_results(results, elapsed):
@@ -255,10 +252,10 @@ def main():
         raise SystemExit(f"error: tasks: {', '.join(unknown)} is no task the harness knows"
                          + (f"; did you mean {hint[0]}?" if hint else "") + " (lm_eval ls tasks lists them)")
     _, _, ctx = precision(device, dtype)
-    model, checkpoint = load_model(os.path.join(out_dir, 'ckpt.pt'))
-    scorer = GPTScorer(model, tiktoken.get_encoding('gpt2'), device, batch_size, use_cache, ctx)
+    run = load_bpe_run(os.path.join(out_dir, 'ckpt.pt'))
+    scorer = GPTScorer(run.model, tiktoken.get_encoding('gpt2'), device, batch_size, use_cache, ctx)
     print(f"lm_eval {lm_eval.__version__}: {', '.join(names)} on {out_dir}/ckpt.pt (iteration "
-          f"{checkpoint['iter_num']}, {checkpoint['config']['attention']}), {num_fewshot}-shot"
+          f"{run.iter_num}, {run.model.config.attention}), {num_fewshot}-shot"
           + (f", first {limit} documents" if limit else ''))
     t0 = time.time()
     try:

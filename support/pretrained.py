@@ -16,14 +16,13 @@ krause_window=32, krause_topk=16, LoRA r=16, α=32, dropout 0.1).
 import difflib
 import json
 import os
-from dataclasses import fields
-from types import SimpleNamespace
+from dataclasses import asdict, fields
 
 import torch
 
-from attention import ClusterConfig, KrauseConfig, AttentionXConfig, TDAConfig, mixed
-from support.checkpoint import load_checkpoint
-from model import merged_state
+from attention import ClusterConfig, KrauseConfig, AttentionXConfig, TDAConfig
+from model import GPT
+from support.checkpoint import load_run
 
 GPT2_MODELS = {'gpt2': 'openai-community/gpt2', 'gpt2-medium': 'openai-community/gpt2-medium',
                'gpt2-large': 'openai-community/gpt2-large', 'gpt2-xl': 'openai-community/gpt2-xl'}  # name -> Hub id
@@ -66,14 +65,11 @@ def load_base(init_from):
         return {**read_hub_folder(hub_folder(init_from)), 'name': init_from}
     if os.path.isdir(init_from):
         return {**read_hub_folder(init_from), 'name': init_from}
-    checkpoint = load_checkpoint(init_from, 'cpu', hint="pass --init_from=PATH of a ckpt.pt")
-    if checkpoint.get('meta', {}).get('kind') == 'image' or 'model_args' not in checkpoint:
+    run = load_run(init_from, 'cpu', hint="pass --init_from=PATH of a ckpt.pt")  # a fine-tune of a fine-tune
+    if not isinstance(run.model, GPT):                                            # starts from the merged weights
         raise ValueError(f"init_from={init_from} is not a GPT checkpoint of ours; a base is a GPT (text or pixels)")
-    model_args, state = dict(checkpoint['model_args']), checkpoint['model']
-    if model_args.get('lora_rank'):  # a fine-tune of a fine-tune starts from the merged weights
-        state = merged_state(state, model_args['lora_alpha'] / model_args['lora_rank'])
-        model_args['lora_rank'] = 0
-    return {'name': init_from, 'model_args': model_args, 'state': state, 'meta': checkpoint.get('meta', {})}
+    return {'name': init_from, 'model_args': asdict(run.model.config), 'state': run.model.state_dict(),
+            'meta': run.meta}
 
 
 def hub_folder(name):
@@ -115,7 +111,7 @@ def read_hub_folder(folder):
     hidden = cfg.get('n_inner') or 4 * C
     model_args = dict(n_layer=L, n_head=cfg['n_head'], n_embd=C, block_size=cfg['n_positions'],
                       vocab_size=cfg['vocab_size'], bias=True, mlp_hidden=cfg.get('n_inner') or 0, tie_weights=True,
-                      pos_emb='learned', attention='softmax', mix=False, krause_mix=False, window=0,
+                      pos_emb='learned', attention='softmax', mix=False, window=0,
                       gelu_approximate=GELU[cfg.get('activation_function', 'gelu_new')])
     hf = {k.removeprefix('transformer.'): v for k, v in hf.items()}
     expected = [('wte.weight', (cfg['vocab_size'], C)), ('wpe.weight', (cfg['n_positions'], C)),
@@ -164,8 +160,8 @@ def fine_tune_args(base, run_args, set_keys):
     return args
 
 
-def mixed_args(args):  # attention.mixed on a dict of model settings
-    return mixed(SimpleNamespace(**{'mix': False, 'krause_mix': False, 'attention': 'softmax', **args}))
+def mixed_args(args):  # config.mix on a dict of model settings
+    return bool(args.get('mix', False))
 
 
 def check_tokens(base, meta):
@@ -189,7 +185,7 @@ def base_state(base, model):
     wpe = 'transformer.wpe.weight'
     if wpe in state:
         state[wpe] = state[wpe][:model.config.block_size]
-    if not (mixed(model.config) and not mixed_args(base['model_args'])):
+    if not (model.config.mix and not mixed_args(base['model_args'])):
         return state
     C, own = model.config.n_embd, model.state_dict()
     for i, block in enumerate(model.transformer.h):

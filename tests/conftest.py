@@ -40,6 +40,19 @@ def run_forked(*runs, timeout=300):
     return [(r['rc'], r['out']) for r in json.loads(proc.stdout)]
 
 
+def write_tiny_cifar(folder):
+    """A prepared 'cifar10' folder (prepare/cifar.py's files) of random 4x4 RGB images, 6 train and 5 val."""
+    import numpy as np
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 6), ('val', 5)):
+        np.save(folder / f'{split}_x.npy', rng.integers(0, 256, (n, 4, 4, 3), dtype=np.uint8))
+        np.save(folder / f'{split}_y.npy', rng.integers(0, 10, n))
+    (folder / 'meta.json').write_text(json.dumps({'kind': 'image', 'dataset': 'cifar10', 'label': 'label',
+                                                  'num_classes': 10, 'classes': [], 'counts': {'train': 6, 'val': 5}}))
+    return folder
+
+
 def iter_losses(log):
     """{iteration: loss} from train.py's `iter {n}: loss {x}` lines."""
     return {int(n): float(x) for n, x in re.findall(r"^iter (\d+): loss ([\d.naninf]+)", log, re.M)}
@@ -83,7 +96,7 @@ def rule_cases(cases, capability=None):
     from attention import ATTENTION, rule_class
     params = []
     for kw in cases:
-        mix = kw.get('mix', False) or (kw.get('krause_mix', False) and kw['attention'] == 'krause')
+        mix = kw.get('mix', False)
         rules = [rule_class(kw['attention'], mix)] + ([ATTENTION[kw['attention']]] if mix else [])  # a mix: both
         lacking = [rule for rule in rules if capability is not None and not getattr(rule, capability)]
         marks = pytest.mark.skip(reason=f"{lacking[0].__name__} does not declare {capability}") if lacking else ()

@@ -121,7 +121,7 @@ def main():
     parser.add_argument('--batch_size', type=int, default=16)
     args = parser.parse_args()
     harness.device = 'cpu'
-    model, _ = harness.load_model(os.path.join(args.out_dir, 'ckpt.pt'))
+    model = harness.load_bpe_run(args.out_dir).model
     scorer = harness.GPTScorer(model, tiktoken.get_encoding('gpt2'), batch_size=args.batch_size)
     t0 = time.time()
     if args.hellaswag_source:

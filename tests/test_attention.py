@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from attention import ATTENTION, AttentionConfig, build_attention, kth_largest
-from attention_tools import Rotary, band_keys, band_layout, band_mask, band_queries, band_strip, unband
+from attention import (ATTENTION, AttentionConfig, Rotary, band_keys, band_layout, band_mask, band_queries, band_strip,
+                       build_attention, kth_largest, sliding_window_mask, unband)
 from conftest import assert_causal
 from model import GPT, GPTConfig
 
@@ -37,14 +37,14 @@ def qkv(T, B=2, H=4, D=8, seed=0):
 def test_softmax_matches_reference(T, window, causal):
     attn = make(T, window=window, causal=causal)
     q, k, v = qkv(T)
-    y = attn.attend(q, k, v)
     ref = softmax_reference(q, k, v, causal, window)
-    torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
-    g = torch.randn_like(y)
-    grads = torch.autograd.grad(y, (q, k, v), g)
+    g = torch.randn_like(ref)
     grads_ref = torch.autograd.grad(ref, (q, k, v), g)
-    for a, b in zip(grads, grads_ref):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    for attend in (attn.attend, attn.attend_fused):  # the formula as tensor ops, and SDPA / the band
+        y = attend(q, k, v)
+        torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
+        for a, b in zip(torch.autograd.grad(y, (q, k, v), g), grads_ref):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize('T,window,causal', [(13, 0, True), (13, 0, False), (13, 4, True), (70, 16, True),
@@ -57,8 +57,7 @@ def test_the_formula_as_tensor_ops_equals_the_fused_path(T, window, causal, atte
               attnx_mask_diagonal=attention == 'attentionx' and not causal)
     attn = make(T, **kw)
     q, k, v = qkv(T)
-    fused = attn.attend(q, k, v)
-    attn.fused = False
+    fused = attn.attend_fused(q, k, v)
     explicit = attn.attend(q, k, v)
     torch.testing.assert_close(explicit, fused, atol=1e-12, rtol=1e-12)
     g = torch.randn_like(fused)
@@ -74,7 +73,7 @@ def test_band_layout_is_linear_in_T(C, P):
     n = math.ceil(T / C)
     assert band_keys(x, C, P).shape == (1, 1, n, C + P, 4)
     assert band_queries(x, C).shape == (1, 1, n, C, 4)
-    assert band_mask(T, C, P, P, torch.device('cpu')).shape == (n, C, C + P)
+    assert band_mask(sliding_window_mask(P), T, C, P, torch.device('cpu')).shape == (n, C, C + P)
     torch.testing.assert_close(unband(band_queries(x, C), T), x)
     # band slot s of chunk c is key c*C - P + s (zero before the sequence)
     keys = torch.arange(1, T + 1, dtype=torch.float32).view(1, 1, T, 1)
@@ -87,7 +86,7 @@ def test_band_layout_is_linear_in_T(C, P):
 def test_band_mask_and_strip_are_exactly_the_window(T, window):
     W, C, P = band_layout(window, T)
     assert W == min(window, T) and P >= W and P % C == 0
-    mask = band_mask(T, C, P, W, torch.device('cpu'))
+    mask = band_mask(sliding_window_mask(W), T, C, P, torch.device('cpu'))
     for c in range(mask.size(0)):
         for r in range(C):
             i = c * C + r

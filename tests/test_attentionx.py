@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention
+from attention import AttentionConfig, build_attention, off_diagonal_mask
 from conftest import ROOT, assert_causal, run_script
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig
@@ -57,19 +57,20 @@ def test_matches_reference(T, causal, mask_diagonal, window, learnable):
     attn = make(T, causal=causal, attnx_mask_diagonal=mask_diagonal, window=window, attnx_learnable_gamma=learnable)
     assert isinstance(attn.gamma, torch.nn.Parameter) == learnable
     q, k, v = qkv(T)
-    y = attn.attend(q, k, v)
-    ref = attentionx_reference(q, k, v, attn.gamma, visible_keys(T, causal, mask_diagonal, window))
-    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
-    g = torch.randn_like(y)
-    inputs = (q, k, v, attn.gamma) if learnable else (q, k, v)
-    grads = torch.autograd.grad(y, inputs, g)
-    grads_ref = torch.autograd.grad(ref, inputs, g)
-    for name, a, b in zip('q k v gamma'.split(), grads, grads_ref):
-        if T > 2 or name in ('v', 'gamma'):  # (with one key per row the weights are 1: q and k get no gradient)
-            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f'gradient of {name}')
-    if T == 2:  # one key per row: the weights are 1, y_0 = v_0 - γ v_1 and y_1 = v_1 - γ v_0
-        torch.testing.assert_close(y, v - attn.gamma.view(1, -1, 1, 1) * v.flip(2), atol=1e-12, rtol=0)
+    for attend in (attn.attend, attn.attend_fused):  # the formula as tensor ops, and SDPA / the band
+        y = attend(q, k, v)
+        ref = attentionx_reference(q, k, v, attn.gamma, visible_keys(T, causal, mask_diagonal, window))
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+        g = torch.randn_like(y)
+        inputs = (q, k, v, attn.gamma) if learnable else (q, k, v)
+        grads = torch.autograd.grad(y, inputs, g)
+        grads_ref = torch.autograd.grad(ref, inputs, g)
+        for name, a, b in zip('q k v gamma'.split(), grads, grads_ref):
+            if T > 2 or name in ('v', 'gamma'):  # (with one key per row the weights are 1: q and k get no gradient)
+                assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f'gradient of {name}')
+        if T == 2:  # one key per row: the weights are 1, y_0 = v_0 - γ v_1 and y_1 = v_1 - γ v_0
+            torch.testing.assert_close(y, v - attn.gamma.view(1, -1, 1, 1) * v.flip(2), atol=1e-12, rtol=0)
 
 
 def test_gamma_one_is_the_attention_graph_laplacian():
@@ -106,7 +107,7 @@ def test_learnable_gamma_is_per_head_learned_and_not_decayed():
     model = ViT(ViTConfig(n_layer=2, n_head=4, n_embd=32, num_classes=10, attention='attentionx', attnx_gamma=1.0,
                           attnx_learnable_gamma=True, attnx_mask_diagonal=True))
     attn = model.h[1].attn
-    assert torch.equal(attn.gamma, torch.ones(4)) and attn.off_diagonal.shape == (65, 65)
+    assert torch.equal(attn.gamma, torch.ones(4)) and attn.mask_mod is off_diagonal_mask
     decay, no_decay = model.configure_optimizers(0.05, 1e-3, (0.9, 0.999), 'cpu').param_groups
     assert any(p is attn.gamma for p in no_decay['params']) and not any(p is attn.gamma for p in decay['params'])
     _, loss = model(torch.randn(2, 3, 32, 32), torch.tensor([3, 7]))

@@ -11,15 +11,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-import attention_tools
+import attention
 from attention import ATTENTION, Attention, AttentionConfig, build_attention
 from conftest import ROOT, register_readme_rule, rule_cases, run_script
 from model import GPT, GPTConfig
 from prepare.recall import make_examples
 
 # every registered rule, in the forms a GPT (causal) and a ViT (65 tokens on an 8x8 grid) build it
-CAUSAL = [dict(attention=name) for name in ATTENTION] + [dict(attention='krause', krause_mix=True),
-                                                         dict(attention='softmax', window=5)]
+CAUSAL = [dict(attention=name) for name in ATTENTION] + [dict(attention='softmax', window=5)]
 CAUSAL += [dict(attention=name, mix=True) for name in ATTENTION]  # each rule beside a softmax branch
 VIT = [dict(attention=name, causal=False, grid_size=8) for name in ATTENTION]
 
@@ -38,9 +37,10 @@ def test_every_rule_is_project_attend_out(kw):
     assert all(t.shape[:3] == (2, 4, 65) for t in tensors)
     if attn.projections is not None:
         assert len(tensors) == len(attn.projections)
-    y = attn.attend(*tensors)
+    y = attn.path()(*tensors)  # what forward runs: attend, or the rule's fused path (the same function)
     assert y.shape[:3] == (2, 4, 65)
     torch.testing.assert_close(attn(x), attn.out(y), atol=0, rtol=0)
+    torch.testing.assert_close(attn.attend(*tensors), y, atol=1e-12, rtol=1e-12)
 
 
 def test_the_readme_rule_passes_every_all_rules_test():
@@ -138,7 +138,7 @@ def test_the_contracts_hold_for_a_toy_rule(registered):
 
 
 def test_block_masks_are_cached_by_the_mask_that_defines_them():
-    cpu, tools = torch.device('cpu'), attention_tools
+    cpu, tools = torch.device('cpu'), attention
     assert tools.sliding_window_mask(8) is tools.sliding_window_mask(8)
     assert tools.block_mask(tools.sliding_window_mask(8), 200, cpu) is \
         tools.block_mask(tools.sliding_window_mask(8), 200, cpu)
@@ -148,7 +148,7 @@ def test_block_masks_are_cached_by_the_mask_that_defines_them():
 
 
 def test_bench_times_the_krause_mix_form():
-    out = run_script('bench.py', '--attention=krause', '--krause_mix=True', '--seq_lens=96', '--repeats=1',
+    out = run_script('bench.py', '--attention=krause', '--mix=True', '--seq_lens=96', '--repeats=1',
                      '--n_embd=64', '--n_head=2', '--krause_window=16', '--krause_topk=8', '--json')
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
     assert [(r['attention'], r['path'], r['T']) for r in rows] == [('softmax', 'sdpa', 96), ('krause', 'math', 96)]

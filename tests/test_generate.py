@@ -4,8 +4,7 @@ cluster chunk and block_size; and a cache refuses what it cannot serve."""
 import pytest
 import torch
 
-from attention import ATTENTION
-from attention_tools import KVCache, Rotary
+from attention import ATTENTION, KVCache, Rotary
 from conftest import rule_cases
 from model import GPT, GPTConfig
 
@@ -15,7 +14,7 @@ SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=
 # (no Krause with pos_emb='none' here: repeated tokens then give layer 0 identical keys, tied scores at the top-k
 # boundary that the band and the decode path may round apart; positions break the ties)
 CASES = [dict(attention=name) for name in ATTENTION] + [
-    dict(attention='softmax', window=8), dict(attention='krause', krause_mix=True),
+    dict(attention='softmax', window=8), dict(attention='krause', mix=True),
     dict(attention='attentionx', window=8),
     dict(attention='cluster', cluster_chunk=5), dict(attention='cluster', cluster_chunk=24), dict(attention='softmax', pos_emb='none'),
     dict(attention='softmax', pos_emb='learned', block_size=96)]

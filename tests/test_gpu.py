@@ -8,8 +8,7 @@ import torch
 
 from conftest import iter_losses, run_script
 
-from attention import AttentionConfig, KrauseAttention, MixAttention, build_attention
-from attention_tools import in_causal_window
+from attention import AttentionConfig, KrauseAttention, MixAttention, build_attention, dense_mask
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex backward)")
 
@@ -23,7 +22,7 @@ CASES = [
     (dict(attention='krause', krause_window=32, krause_topk=16), 1024),
     (dict(attention='krause', krause_window=256, krause_topk=192), 1000),
     (dict(attention='krause', causal=False, grid_size=8, krause_topk=2), 65),
-    (dict(attention='krause', krause_mix=True, krause_window=32, krause_topk=16), 1000),
+    (dict(attention='krause', mix=True, krause_window=32, krause_topk=16), 1000),
     (dict(attention='tda', mix=True), 1000),
     (dict(attention='attentionx', attnx_gamma=3.0, attnx_learnable_gamma=True), 1000),
     (dict(attention='attentionx', attnx_gamma=3.0, attnx_learnable_gamma=True, window=64), 1000),
@@ -61,8 +60,7 @@ def ambiguous_topk_rows(attn, tensors):
     q, k = tensors[0].double(), tensors[1].double()
     q_scaled, key_bias = attn.rbf_terms(q, k)
     scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)  # (B, H, T, T), fine at these sizes
-    position = torch.arange(q.size(2), device=q.device)
-    mask = attn.neighbourhood if attn.grid else in_causal_window(position.view(-1, 1), position, attn.krause_window)
+    mask = dense_mask(attn.mask_mod, q.size(2), q.device)  # the neighbourhood: the causal window, or the grid
     top = scores.masked_fill(~mask, float('-inf')).topk(min(attn.topk + 1, q.size(2)), -1).values
     if top.size(-1) <= attn.topk:
         return torch.zeros_like(top[..., 0], dtype=torch.bool)

@@ -54,7 +54,7 @@ def run(tmp_path_factory):
 def test_hellaswag_through_the_harness_equals_hellaswag_py(run):
     from studies import harness
     from harness_check import hellaswag_check
-    model, _ = harness.load_model(str(run[0] / 'out' / 'ckpt.pt'))
+    model = harness.load_bpe_run(str(run[0] / 'out')).model
     result = hellaswag_check(scorer(model), HELLASWAG, limit=16)
     assert result['rows'] == 16 and result['max_abs_diff'] < 1e-4  # every choice's summed log-likelihood
     assert result['harness_acc'] == result['hellaswag_py_acc_sum']  # argmax of the sum: the same rule, same answers
@@ -69,7 +69,7 @@ def test_rolling_loglikelihood_equals_eval_full(run):
     out = run_script('train.py', *args, '--eval_only=True', '--eval_full=True', '--init_from=resume')
     full = json.loads((root / 'out' / 'eval_full.json').read_text())
     assert (full['examples'], full['targets']) == (3, 3 * T), out  # 3 windows of T: every token after the EOT
-    model, _ = harness.load_model(str(root / 'out' / 'ckpt.pt'))
+    model = harness.load_bpe_run(str(root / 'out' / 'ckpt.pt')).model
     ll, n, loss = rolling_check(scorer(model, batch_size=2), root / 'text.txt')
     assert n == 3 * T and loss == pytest.approx(full['val_loss'], abs=1e-5)
     assert 5 < loss < 12  # a 2-iteration model: near log(50304) = 10.83, not a broken sum
@@ -95,11 +95,11 @@ def test_script_writes_results_and_table(run):
 
 RULES = [dict(attention='softmax'), dict(attention='tda', pos_emb='rope', tie_weights=False),
          dict(attention='cluster', cluster_m=4, cluster_chunk=16),
-         dict(attention='krause', krause_mix=True, krause_window=8, krause_topk=4)]
+         dict(attention='krause', mix=True, krause_window=8, krause_topk=4)]
 
 
 @needs_harness
-@pytest.mark.parametrize('kw', RULES, ids=[r['attention'] + ('_mix' if r.get('krause_mix') else '') for r in RULES])
+@pytest.mark.parametrize('kw', RULES, ids=[r['attention'] + ('_mix' if r.get('mix') else '') for r in RULES])
 def test_every_rule_through_the_harness_batch_and_cache_invariant(kw):
     from harness_check import hellaswag_check
     model = tiny_gpt(block_size=160, **kw)  # the rows fit uncropped

@@ -16,7 +16,7 @@ MODEL_FILES = ('model.py', 'attention.py', 'vit.py')
 def tracked(pattern='*'):
     out = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard', pattern], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
-    return [ROOT / p for p in out.split()]
+    return [ROOT / p for p in out.split() if (ROOT / p).is_file()]  # a deletion not yet staged is gone
 
 
 def imported(path):

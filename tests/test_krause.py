@@ -7,8 +7,7 @@ import shutil
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention, krause_topk_schedule
-from attention_tools import grid_neighbourhood
+from attention import AttentionConfig, build_attention, dense_mask, grid_mask, krause_topk_schedule
 from conftest import assert_causal
 from model import GPT, GPTConfig
 
@@ -92,11 +91,12 @@ def test_2d_matches_reference(grid, radius, metric, layer_idx, n_layer):
 
 
 def test_grid_neighbourhood_counts():
-    m = grid_neighbourhood(8, 1, 'manhattan')  # official CIFAR: 8x8 patches + CLS
+    cpu = torch.device('cpu')
+    m = dense_mask(grid_mask(8, 1, 'manhattan'), 65, cpu)  # official CIFAR: 8x8 patches + CLS
     assert m.shape == (65, 65) and m[0].all() and m[:, 0].all()
     assert m[1 + 3 * 8 + 3].sum() == 1 + 5            # an inner patch: CLS + itself + 4 neighbours
     assert m[1].sum() == 1 + 3                         # a corner patch: CLS + itself + 2
-    assert grid_neighbourhood(8, 2, 'chebyshev')[1 + 3 * 8 + 3].sum() == 1 + 25  # a 5x5 square
+    assert dense_mask(grid_mask(8, 2, 'chebyshev'), 65, cpu)[1 + 3 * 8 + 3].sum() == 1 + 25  # a 5x5 square
 
 
 def test_vit_topk_schedule():
@@ -111,7 +111,7 @@ def test_dense_form_equals_band():
     torch.testing.assert_close(attn.attend_dense(q, k, v), attn.attend(q, k, v), atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize('kw', [dict(), dict(krause_mix=True), dict(pos_emb='rope')])
+@pytest.mark.parametrize('kw', [dict(), dict(mix=True), dict(pos_emb='rope')])
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='krause',
@@ -138,7 +138,7 @@ def test_flex_forward_equals_math_2d():
 def test_mix_gate_starts_at_point_eight_and_mixes_per_token():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause',
-                          krause_mix=True, krause_window=4, krause_topk=2))
+                          mix=True, krause_window=4, krause_topk=2))
     mix = model.transformer.h[0].attn
     assert mix.gate.bias.softmax(-1).tolist() == pytest.approx([0.8, 0.2])
     assert 0 < mix.gate.weight.std().item() < 0.02  # N(0, 0.01), not the Linears' N(0, 0.02)
@@ -165,7 +165,7 @@ def test_sigma_is_learned_per_head():
     (dict(causal=False, grid_size=8, block_size=65, krause_metric='euclid'), "krause_metric must be 'manhattan'"),
     (dict(causal=False, grid_size=8, block_size=50), 'square patch grid'),
     (dict(causal=False, grid_size=0, block_size=64), 'square patch grid'),
-    (dict(causal=False, grid_size=8, block_size=65, krause_mix=True), 'is the language-model form'),
+    (dict(causal=False, grid_size=8, block_size=65, mix=True), 'is the language-model form'),
 ])
 def test_bad_settings_fail_at_construction(kw, match):
     cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, attention='krause'), **kw})
@@ -191,7 +191,8 @@ def test_krause_in_a_vit_follows_the_schedule_and_sees_its_grid():
     torch.manual_seed(0)
     model = ViT(ViTConfig(n_layer=12, n_head=2, n_embd=16, patch_size=4, attention='krause', krause_topk=2)).eval()
     assert [block.attn.topk for block in model.h] == [2, 2, 2, 3, 3, 3, 3, 3, 3, 4, 4, 4]
-    assert model.h[0].attn.neighbourhood.shape == (65, 65)  # 8x8 patches + CLS
+    assert model.h[0].attn.grid == (8, 1, 'manhattan')  # 8x8 patches + CLS: the mask is grid_mask(*grid)
+    assert model.h[0].attn.mask_mod is grid_mask(8, 1, 'manhattan')
     logits, loss = model(torch.randn(2, 3, 32, 32), torch.tensor([1, 7]))
     assert logits.shape == (2, 10) and torch.isfinite(loss)
     loss.backward()

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from attention import ATTENTION
-from conftest import rule_cases, run_script
+from conftest import rule_cases, run_script, write_tiny_cifar
 from support.data import Batches, bits_per_dim
 from support.images import draw
 from model import GPT, GPTConfig
@@ -24,15 +24,8 @@ TINY = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_head=
 
 @pytest.fixture
 def pixel_dir(tmp_path):
-    """A prepared 'cifar10' folder (prepare/cifar.py's files) of 4x4 RGB images: 6 train, 5 val."""
-    folder, rng = tmp_path / 'cifar10', np.random.default_rng(0)
-    folder.mkdir()
-    for split, n in (('train', 6), ('val', 5)):
-        np.save(folder / f'{split}_x.npy', rng.integers(0, 256, (n, 4, 4, 3), dtype=np.uint8))
-        np.save(folder / f'{split}_y.npy', rng.integers(0, 10, n))
-    (folder / 'meta.json').write_text(json.dumps({'kind': 'image', 'dataset': 'cifar10', 'label': 'label',
-                                                  'num_classes': 10, 'classes': [], 'counts': {'train': 6, 'val': 5}}))
-    return folder
+    """A prepared 'cifar10' folder of 4x4 RGB images: 6 train, 5 val."""
+    return write_tiny_cifar(tmp_path / 'cifar10')
 
 
 def test_pixels_are_subpixel_tokens_in_raster_order(pixel_dir):
@@ -108,7 +101,7 @@ def test_bits_per_dim_exact(pixel_dir, tmp_path):
 # every rule on 4x4 RGB images (48 subpixels), windows and chunks small enough to be crossed several times
 PIXEL_MODEL = dict(n_layer=2, n_head=2, n_embd=16, block_size=47, vocab_size=256, bias=False, pos_emb='learned',
                    krause_window=8, krause_topk=4, cluster_chunk=8, cluster_m=4, tda_beta=0.5)
-CASES = [dict(attention=name) for name in ATTENTION] + [dict(attention='krause', krause_mix=True),
+CASES = [dict(attention=name) for name in ATTENTION] + [dict(attention='krause', mix=True),
                                                        dict(attention='softmax', window=8)]
 
 

@@ -197,13 +197,14 @@ def test_cached_generation_with_a_shortcut_equals_uncached(hub, kw):
 def test_an_old_krause_mix_checkpoint_loads(tmp_path):
     """Before MixAttention took any rule, the Krause branch's parameters were named attn.krause.*."""
     from support.checkpoint import load_checkpoint
-    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause', krause_mix=True,
-                krause_window=4, krause_topk=2)
-    model = GPT(GPTConfig(**args))
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause', krause_window=4,
+                krause_topk=2)
+    model = GPT(GPTConfig(**args, mix=True))
     old = {k.replace('.attn.rule.', '.attn.krause.'): v for k, v in model.state_dict().items()}
-    torch.save({'model': old, 'model_args': args}, tmp_path / 'ckpt.pt')
-    fresh = GPT(GPTConfig(**args))
-    fresh.load_state_dict(load_checkpoint(str(tmp_path / 'ckpt.pt'), 'cpu')['model'])
+    torch.save({'model': old, 'model_args': {**args, 'krause_mix': True}}, tmp_path / 'ckpt.pt')  # mix's old spelling
+    checkpoint = load_checkpoint(str(tmp_path / 'ckpt.pt'), 'cpu')
+    fresh = GPT(GPTConfig(**checkpoint['model_args']))
+    fresh.load_state_dict(checkpoint['model'])
     assert torch.equal(fresh.transformer.h[0].attn.rule.log_sigma, model.transformer.h[0].attn.rule.log_sigma)
 
 

@@ -187,3 +187,14 @@ def test_mfu_counts_each_process_own_work(recall_dir, tmp_path):
     mfu_one, mfu_two = (re.findall(r"^mfu at 1 s: (\S+)$", log, re.M) for log in (one, two))
     assert mfu_one and mfu_one == mfu_two  # iterations 5 and 6 (MFU is logged once the loop has settled)
     assert float(mfu_one[0]) > 0
+
+
+def test_top_k_zero_samples_from_every_token():
+    """sample.py documents --top_k=0 as 'all'; GPT.generate took it as a top-0 cut and raised an IndexError."""
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11)).eval()
+    idx = torch.zeros(2, 1, dtype=torch.long)
+    torch.manual_seed(0)
+    every = model.generate(idx, 6, top_k=0)
+    torch.manual_seed(0)
+    assert torch.equal(every, model.generate(idx, 6, top_k=None)) and every.shape == (2, 7)
