@@ -78,10 +78,23 @@ def load_checkpoint(path, device, hint="check out_dir"):
     return checkpoint
 
 
+def write_atomically(path, write):
+    """write(temporary path), then a rename onto `path`: a reader sees the old file or the new one, never half of
+    one. Where writing fails (disk full, a missing folder, Ctrl-C) the temporary file is removed and the error
+    raised again: nothing is left behind, and `path` is as it was."""
+    tmp = f"{path}.tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def save_checkpoint(checkpoint, path):
-    """Write `checkpoint` to `path` atomically: a temporary file, then a rename, so a crash never leaves half a file."""
-    torch.save(checkpoint, path + '.tmp')
-    os.replace(path + '.tmp', path)
+    """Write `checkpoint` to `path` atomically (write_atomically)."""
+    write_atomically(path, lambda tmp: torch.save(checkpoint, tmp))
 
 
 def check_resumable(checkpoint, path, model_args, dataset, max_iters, defaults=None):

@@ -1,7 +1,9 @@
 """
-train.py's settings, checked before any work is done (no folder made, no data prepared): a bad value is a ValueError
-whose message names the key and the fix, and train.py prints it as its one `error:` line. The checks run in the
-order below, which is the order of precedence: when two settings are wrong, the earlier check names its own.
+Settings checked before any work is done (no folder made, no data prepared, no checkpoint opened): a bad value is a
+ValueError whose message names the key and the fix, and the script prints it as its one `error:` line
+(`check_or_exit`). train.py's checks are the model; every script a user runs checks its own the same way, with the
+same range helpers. The checks run in the order written, which is the order of precedence: when two settings are
+wrong, the earlier check names its own.
 """
 import os
 
@@ -22,21 +24,35 @@ GPT2_BPE = ('openwebtext', 'fineweb_edu', 'shakespeare')  # the datasets HellaSw
 BELOW_ONE = ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing')  # probabilities and decay rates, in [0, 1)
 
 
+def check_or_exit(check, *args, **kwargs):
+    """Run a settings check; a ValueError ends the script with its message as one `error:` line."""
+    try:
+        return check(*args, **kwargs)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def check_ranges(c, at_least_one=(), not_negative=(), below_one=()):
+    """ValueError naming the first key of `c` (a script's settings) out of its range: sizes and counts at least 1,
+    amounts not negative, probabilities and decay rates in [0, 1)."""
+    for key in at_least_one:
+        if c[key] < 1:
+            raise ValueError(f"{key}={c[key]} must be at least 1; pass --{key}=1 or more")
+    for key in not_negative:
+        if c[key] < 0:
+            raise ValueError(f"{key}={c[key]} must not be negative; pass --{key}=0 or more")
+    for key in below_one:
+        if not 0.0 <= c[key] < 1.0:
+            raise ValueError(f"{key}={c[key]} must be at least 0 and below 1; pass --{key}=VALUE in [0, 1)")
+
+
 def check_train_config(config, world_size=1):
     """ValueError naming the first bad setting in `config` (train.py's config keys and their values) for a run of
     world_size processes; the model's own settings, and every attention layer's, are checked last."""
     c = config
     check_attention_name(c['attention'])
     check_dataset_name(c['dataset'])
-    for key in AT_LEAST_ONE:
-        if c[key] < 1:
-            raise ValueError(f"{key}={c[key]} must be at least 1; pass --{key}=1 or more")
-    for key in NOT_NEGATIVE:
-        if c[key] < 0:
-            raise ValueError(f"{key}={c[key]} must not be negative; pass --{key}=0 or more")
-    for key in BELOW_ONE:
-        if not 0.0 <= c[key] < 1.0:
-            raise ValueError(f"{key}={c[key]} must be at least 0 and below 1; pass --{key}=VALUE in [0, 1)")
+    check_ranges(c, AT_LEAST_ONE, NOT_NEGATIVE, BELOW_ONE)
     if not 0.0 <= c['cutmix_prob'] <= 1.0:
         raise ValueError(f"cutmix_prob={c['cutmix_prob']} is a probability; pass --cutmix_prob=VALUE in [0, 1]")
     if not c['learning_rate'] > 0:
