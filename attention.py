@@ -22,24 +22,6 @@ from torch.utils.checkpoint import checkpoint
 # -----------------------------------------------------------------------------
 # the frame
 
-@dataclass
-class FrameConfig:
-    """What every attention layer needs to know, whatever its rule. Each rule adds its own keys (below)."""
-    n_embd: int = 768
-    n_head: int = 12
-    n_layer: int = 12            # depth (the ViT's Krause top-k grows over it)
-    block_size: int = 1024       # longest sequence (GPT context; ViT: 1 + number of patches)
-    dropout: float = 0.0
-    bias: bool = True            # bias in Linears and LayerNorms
-    attention: str = 'softmax'   # a key of attention.ATTENTION
-    flex: bool = False           # use the flex_attention path on CUDA
-    causal: bool = True          # GPT: True; ViT: False
-    grid_size: int = 0           # ViT: side of the patch grid (tokens = 1 CLS + grid_size²); 0 for sequences
-    pos_emb: str = 'learned'     # 'learned' (added to the input), 'rope' (rotates q and k in every layer) or 'none'
-    mix: bool = False            # GPT: a causal softmax branch beside the rule, gated per token (MixAttention)
-    rope_base: float = 10000.0
-
-
 class Attention(nn.Module):
     """
     The frame every rule shares: forward(x) = out(attend(*project(x))).
@@ -1124,6 +1106,24 @@ ATTENTION = {
     'tda': ThresholdDifferentialAttention,
     'cluster': ClusterAttention,
 }
+
+
+@dataclass
+class FrameConfig:
+    """What every attention layer needs to know, whatever its rule. Each rule adds its own keys, beside the rule."""
+    n_embd: int = 768
+    n_head: int = 12
+    n_layer: int = 12            # depth (the ViT's Krause top-k grows over it)
+    block_size: int = 1024       # longest sequence (GPT context; ViT: 1 + number of patches)
+    dropout: float = 0.0
+    bias: bool = True            # bias in Linears and LayerNorms
+    attention: str = 'softmax'   # a key of attention.ATTENTION
+    flex: bool = False           # use the flex_attention path on CUDA
+    causal: bool = True          # GPT: True; ViT: False
+    grid_size: int = 0           # ViT: side of the patch grid (tokens = 1 CLS + grid_size²); 0 for sequences
+    pos_emb: str = 'learned'     # 'learned' (added to the input), 'rope' (rotates q and k in every layer) or 'none'
+    mix: bool = False            # GPT: a causal softmax branch beside the rule, gated per token (MixAttention)
+    rope_base: float = 10000.0
 
 
 @dataclass
