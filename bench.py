@@ -32,7 +32,9 @@ import torch
 
 from attention import AttentionConfig, build_attention
 from model import GPT, GPTConfig
-from support.runtime import DTYPES, dataclass_defaults, dataclass_values, peak_flops, precision
+from support.checks import check_device, check_dtype, check_int_list, check_or_exit, check_ranges, script_settings
+from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults, dataclass_values, peak_flops,
+                             precision)
 
 # -----------------------------------------------------------------------------
 mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'generate' (decode), 'images'
@@ -56,6 +58,26 @@ globals().update(dataclass_defaults(AttentionConfig, globals()))
 sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json_out=') for a in sys.argv]  # reads better
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
+MODES = ('attention', 'model', 'generate', 'images')
+
+
+def check_bench_settings(c):
+    """ValueError naming the first bad setting, before anything is built: the device first, then the mode and sizes,
+    then the model's and every attention layer's own checks at the sizes the mode runs."""
+    check_device(c['device'])
+    check_dtype(c['dtype'])
+    if c['mode'] not in MODES:
+        raise ValueError(f"mode must be 'attention', 'model', 'generate' or 'images', got '{c['mode']}'")
+    lengths = check_int_list(c, 'seq_lens', '1024,4096')
+    check_ranges(c, at_least_one=('batch', 'n_head', 'n_embd', 'n_layer', 'vocab_size', 'decode_tokens', 'repeats'))
+    if c['image_tokens'] < 2:
+        raise ValueError(f"image_tokens={c['image_tokens']} must be at least 2 (a first subpixel, then those drawn); "
+                         f"pass e.g. --image_tokens=3072 (CIFAR-10) or 784 (MNIST)")
+    block = c['image_tokens'] - 1 if c['mode'] == 'images' else max(lengths)
+    check_attention_layers(GPTConfig(**dataclass_values(GPTConfig, c, block_size=block)))
+
+
+check_or_exit(check_bench_settings, script_settings(globals()))
 torch.manual_seed(seed)
 ptdtype = DTYPES[dtype]
 is_cuda = device.startswith('cuda')
@@ -262,6 +284,4 @@ def bench_images():
                   f"{row['peak_mib']:.1f} MiB")
 
 
-if mode not in ('attention', 'model', 'generate', 'images'):
-    raise SystemExit(f"error: mode must be 'attention', 'model', 'generate' or 'images', got '{mode}'")
 {'attention': bench_attention, 'model': bench_model, 'generate': bench_generate, 'images': bench_images}[mode]()

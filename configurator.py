@@ -5,8 +5,10 @@ $ python train.py config/override_file.py --batch_size=32
 
 The config file is plain Python that assigns existing globals; each --key=value overrides one of them.
 A config builds on another with exec(open(os.path.join(os.path.dirname(__file__), 'other.py')).read()).
-Unlike nanoGPT, an unknown key or a value of the wrong type stops the run with a one-line error.
+Unlike nanoGPT, an unknown key, a value of the wrong type or a config file that does not run (a syntax error) stops
+the run with one `error:` line.
 """
+import builtins as _builtins
 import difflib as _difflib
 from ast import literal_eval as _literal_eval
 
@@ -18,7 +20,20 @@ overridden = set()  # the keys a config file changed or --key=value gave (a fine
 
 
 def _config_error(msg):
-    raise SystemExit(f"config error: {msg}")
+    raise SystemExit(f"error: {msg}")
+
+
+def _run_config(source, path, scope):
+    """exec a config file; a syntax error or an exception in it is one line naming the file and line."""
+    try:
+        exec(_builtins.compile(source, path, 'exec'), scope)  # train.py's `compile` is a config key
+    except SyntaxError as e:
+        _config_error(f"{e.filename}, line {e.lineno}: {e.msg}; fix the config file")
+    except Exception as e:
+        import traceback
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == path] or [None]
+        where = f"{path}, line {frames[-1].lineno}" if frames[-1] else path
+        _config_error(f"{where}: {type(e).__name__}: {e}; fix the config file")
 
 
 def _current_name(key, where):
@@ -77,7 +92,7 @@ for _arg in __import__('sys').argv[1:]:
         except OSError as _e:
             _config_error(f"cannot read config file {_arg}: {_e.strerror}; arguments are config/x.py or --key=value")
         _scope = dict(_keys, __file__=_arg)  # a config may exec another beside it, found through its __file__
-        exec(_source, _scope)
+        _run_config(_source, _arg, _scope)
         for _key, _val in _scope.items():
             if _key.startswith('_') or _key == '__builtins__' or type(_val).__name__ == 'module':
                 continue

@@ -16,13 +16,16 @@ device synchronised) and the MiB the caches hold; --complete=True gives the top 
 images as prompts and writes originals and completions side by side (out_dir/completions.png):
 $ python sample.py --out_dir=out-arm-cifar10-cpu-krause --num_samples=16 --batch=16 --temperature=1.0 --top_k=0
 """
+import io
 import os
 import time
 
 import numpy as np
 import torch
 
-from support.checkpoint import load_run
+from support.checkpoint import load_run, write_or_exit
+from support.checks import (check_device, check_dtype, check_folder, check_or_exit, check_ranges,
+                            check_writable_file, script_settings)
 from support.images import cache_mib, png_grid, timed_draw, to_images
 from model import GPT, GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from, load_base
@@ -48,6 +51,25 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float32'
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
+
+
+def check_sample_settings(c):
+    """ValueError naming the first bad setting, before any checkpoint is opened: the device first."""
+    check_device(c['device'])
+    check_dtype(c['dtype'])
+    check_ranges(c, at_least_one=('num_samples', 'batch'), not_negative=('max_new_tokens', 'top_k'))
+    if c['temperature'] < 0:
+        raise ValueError(f"temperature={c['temperature']} must not be negative (0 is greedy, 1 the model's own "
+                         f"distribution); pass --temperature=0.8 or another value of 0 or more")
+    if not c['out_dir'] and c['init_from'] == 'resume':
+        raise ValueError("out_dir is empty; pass --out_dir=DIR of the run to sample (its ckpt.pt)")
+    check_writable_file(c, 'png', 'PNG grid')
+    if c['png'] and not c['png'].lower().endswith('.png'):
+        raise ValueError(f"png={c['png']} must end in .png (a PNG grid is written there); pass --png=PATH.png")
+    check_folder(c, 'data_dir', 'the prepared image dataset')
+
+
+check_or_exit(check_sample_settings, script_settings(globals()))
 
 
 def codec(meta):
@@ -149,6 +171,9 @@ def sample_images(model, meta, device):
         raise SystemExit(f"error: cannot read the prepared {config['dataset']} test images in {folder} ({e}); "
                          f"pass --data_dir=DIR of the prepared dataset")
     shape, tokens = test.shape[1:], int(np.prod(test.shape[1:]))
+    if complete and num_samples > len(test):  # before any drawing
+        raise SystemExit(f"error: num_samples={num_samples} with complete=True completes the first num_samples test "
+                         f"images, but {folder} holds {len(test)}; pass --num_samples={len(test)} or fewer")
     prompts = None
     if complete:  # the top half of each of the first num_samples test images: its first H/2 rows
         originals = torch.from_numpy(test[:num_samples].reshape(num_samples, -1).astype(np.int64)).to(device)
@@ -158,7 +183,16 @@ def sample_images(model, meta, device):
     images = to_images(seqs, shape)
     if complete:  # rows of originals and completions, side by side: original, completion, original, ...
         images = np.stack([to_images(originals, shape), images], 1).reshape(-1, *shape)
-    png_grid(images, path)
+    grid = io.BytesIO()
+    grid.name = 'grid.png'  # png_grid's format; the PNG is made in memory, then written in one go
+    png_grid(images, grid)
+
+    def write(tmp):
+        with open(tmp, 'wb') as f:
+            f.write(grid.getvalue())
+    write_or_exit(path, write,
+                  f"nothing was written, and the {num_samples} images drawn are not kept",
+                  "pass --png=PATH.png in a folder you can write to, and run again")
     mib = cache_mib(model, batch, tokens - 1) if use_cache else 0.0
     print(f"{num_samples} images of {tokens:,} subpixels ({'completed' if complete else 'drawn'}, batch {batch}, "
           f"{config['attention']}) in {seconds:.2f} s: {images_per_s:.3f} images/s; caches hold {mib:.1f} MiB at the "

@@ -10,7 +10,6 @@ $ python train.py config/softmax_vit.py --batch_size=64
 DDP on one node (NCCL on CUDA, gloo on CPU):
 $ torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
 """
-import json
 import math
 import os
 import time
@@ -22,8 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from attention import AttentionConfig
-from support.checkpoint import (MetricsLog, check_resumable, kept, load_checkpoint, restore_rng_states, rng_states,
-                        save_checkpoint)
+from support.checkpoint import MetricsLog, RunDir, check_resumable, load_checkpoint, restore_rng_states, rng_states
 from support.checks import check_train_config
 from support.data import Batches, bits_per_dim
 from model import GPT, GPTConfig, attention_reports
@@ -115,15 +113,18 @@ def fail(msg):
     raise SystemExit(f"error: {msg}")
 
 
+# the run's hold on out_dir (checkpoint.RunDir): from here Ctrl-C, a failed write or the data gone mid-run end in one
+# line saying what is kept; open() below makes out_dir and takes its lock; at exit the lock is released
+run = RunDir(out_dir, master=int(os.environ.get('RANK', 0)) == 0)
 # check every setting before any work is done: each bad value ends in one `error:` line that names it and the fix
+set_keys = overridden & set(config_keys)  # what the config files and the command line set (configurator.py)
 try:
-    check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)))
+    check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)), set_keys=set_keys)
 except ValueError as e:
     fail(e)
 kind = dataset_kind(dataset)  # 'text', 'examples', 'image' or 'pixels' (prepare.DATASETS): images train a ViT
 
 # a base to fine-tune (pretrained.py) is read, and this run's settings checked against it, before any folder is made
-set_keys = overridden & set(config_keys)  # what the config files and the command line set (configurator.py)
 base, base_name = None, None if init_from in OWN_STARTS else init_from  # base_name: what a checkpoint records
 if init_from not in OWN_STARTS:  # checks.py refused a base for a ViT
     try:
@@ -141,7 +142,7 @@ tokens_per_iter = samples_per_iter * block_size
 if master_process:
     print(f"images per iteration will be: {samples_per_iter:,}" if kind == 'image' else
           f"tokens per iteration will be: {tokens_per_iter:,}")
-    os.makedirs(out_dir, exist_ok=True)
+    run.open(lock=not eval_only)  # eval_only reads a checkpoint (written atomically): it takes no lock
 torch.manual_seed(seed + ddp_rank)  # dropout differs between processes
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
@@ -170,7 +171,7 @@ try:
     meta, split_rows = check_files(dataset, data_dir)  # every file the size meta.json says
     batches = Batches(dataset, data_dir, meta, split_rows, block_size, batch_size, device, num_classes=num_classes,
                       augment=augment, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, cutmix_prob=cutmix_prob,
-                      label_smoothing=label_smoothing)  # images: augmentation of the training batches
+                      label_smoothing=label_smoothing, on_change=run.stop)  # images: augmented; a file gone: stop
     batches.check_sizes(val_tokens_needed(config))  # every split holds a whole batch row
     if base:
         check_tokens(base, meta)
@@ -182,8 +183,8 @@ train_generator = torch.Generator().manual_seed(seed)  # its state is the data p
 # model init: a ViT for images, a GPT otherwise; its number of classes or its vocabulary from the data
 ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
 model_args = dataclass_values(ModelConfig, globals(), **batches.model_sizes)
-iter_num, best_val_loss, checkpoint, saved_iter = 0, 1e9, None, None  # saved_iter: what this run's ckpt.pt holds
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+iter_num, best_val_loss, checkpoint = 0, 1e9, None
+ckpt_path = run.ckpt_path
 if init_from == 'auto':  # what a restarted torchrun worker needs: go on from the checkpoint if there is one
     init_from = 'resume' if os.path.exists(ckpt_path) else 'scratch'
 if init_from == 'resume':
@@ -200,7 +201,7 @@ if init_from == 'resume':
     except ValueError as e:
         fail(e)
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
-    saved_iter = iter_num
+    run.saved_iter = iter_num  # what this run's ckpt.pt holds
     print(f"resuming from {ckpt_path} at iteration {iter_num}") if master_process else None
 elif base:
     model_args = base_args
@@ -298,7 +299,7 @@ gpu_peak_flops = peak_flops(device)
 
 # logging: out_dir/log.jsonl on rank 0, trimmed back to the checkpoint on resume (checkpoint.MetricsLog), and wandb;
 # eval_only measures a checkpoint, it is not training: the log stays as it is
-metrics = MetricsLog(out_dir, saved_iter, wandb_log) if master_process and not eval_only else None
+metrics = MetricsLog(out_dir, run.saved_iter, wandb_log, run.write_failed) if master_process and not eval_only else None
 if master_process and wandb_log:
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
@@ -323,8 +324,7 @@ if eval_full:
         print(f"full val split at iteration {iter_num}: val loss {result['val_loss']:.4f}"
               f"{score_text(result['val_loss'], result['val_acc'])} over "
               f"{result['examples']:,} {'windows' if kind == 'text' else 'examples'} ({result['targets']:,} targets)")
-        with open(os.path.join(out_dir, 'eval_full.json'), 'w') as f:
-            json.dump({'iter': iter_num, 'attention': attention, **result}, f)
+        run.write_json('eval_full.json', {'iter': iter_num, 'attention': attention, **result})
     if ddp:
         dist.destroy_process_group()
     raise SystemExit(0)
@@ -355,19 +355,19 @@ while True:
             if metrics:  # None with eval_only
                 metrics.write(record)
         if not math.isfinite(losses['val']):
-            fail(f"val loss is {losses['val']} at iteration {iter_num}; {kept(saved_iter, ckpt_path)}; lower "
-                 f"learning_rate or check the data")
+            fail(f"val loss is {losses['val']} at iteration {iter_num}; {run.kept()}; lower learning_rate or check "
+                 f"the data")
         if losses['val'] < best_val_loss or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter:
                 rng = rng_states(device_type)  # every process takes part
                 if master_process:
                     print(f"saving checkpoint to {out_dir}")
-                    save_checkpoint({'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
-                                     'model_args': model_args, 'iter_num': iter_num, 'best_val_loss': best_val_loss,
-                                     'config': config, 'meta': meta, 'rng': rng,
-                                     'data_rng': train_generator.get_state(), 'base': base_name}, ckpt_path)
-                saved_iter = iter_num
+                    run.save({'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+                              'model_args': model_args, 'iter_num': iter_num, 'best_val_loss': best_val_loss,
+                              'config': config, 'meta': meta, 'rng': rng, 'data_rng': train_generator.get_state(),
+                              'base': base_name})  # a failed write (disk full): one line, the old ckpt.pt kept
+                run.saved_iter = iter_num
         if hellaswag:
             correct, total = all_sum(hellaswag_eval.evaluate(raw_model, hellaswag_rows, device, ddp_rank,
                                                              ddp_world_size, ctx, progress=master_process), device)
@@ -397,7 +397,7 @@ while True:
     if iter_num % log_interval == 0:
         lossf = loss.item() * local_accum_steps  # a CPU-GPU sync point; the last micro-step's loss
         if not math.isfinite(lossf):
-            fail(f"loss is {lossf} at iteration {iter_num}; stopped: {kept(saved_iter, ckpt_path)}; lower "
+            fail(f"loss is {lossf} at iteration {iter_num}; stopped: {run.kept()}; lower "
                  f"learning_rate, or raise warmup_iters or grad_clip")
         if master_process:
             rate = f"{samples_per_iter / dt:,.0f} images/s" if kind == 'image' else f"{tokens_per_iter / dt:,.0f} tok/s"

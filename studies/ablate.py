@@ -24,6 +24,8 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prepare import dataset_kind
 from studies import analyze
+from support.checkpoint import write_or_exit
+from support.checks import check_int_list, check_or_exit, check_ranges, script_settings
 
 # -----------------------------------------------------------------------------
 recipe = ''                 # train.py arguments shared by every run (a config file and --key=value overrides)
@@ -47,6 +49,30 @@ RULES = {
     'cluster': '--attention=cluster --cluster_chunk=16',
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def check_ablate_settings(c):
+    """(rule names, seeds); ValueError naming the first bad setting, before any run is trained or read."""
+    names = [n for n in c['rules'].split(',') if n]
+    if not names:
+        raise ValueError(f"rules is empty; pass e.g. --rules=softmax,krause (valid: {', '.join(RULES)})")
+    unknown = [n for n in names if n not in RULES]
+    if unknown:
+        raise ValueError(f"rules: unknown rule name(s) {', '.join(unknown)}; valid: {', '.join(RULES)}")
+    seed_list = check_int_list(c, 'seeds', '1337,1338', at_least=0)
+    check_ranges(c, at_least_one=('analysis_batch',))
+    for key in ('recipe', 'harness_args'):
+        try:
+            shlex.split(c[key])
+        except ValueError as e:
+            raise ValueError(f"{key} does not parse as command-line arguments ({e}); pass --{key}=\"...\" with "
+                             f"balanced quotes") from None
+    if not c['out_root']:
+        raise ValueError("out_root is empty; pass --out_root=DIR (the runs and the table go there)")
+    if os.path.exists(c['out_root']) and not os.path.isdir(c['out_root']):
+        raise ValueError(f"out_root={c['out_root']} is a file, not a folder; pass --out_root=DIR")
+    return names, seed_list
+
 
 
 def run_train(args, log_path):
@@ -117,11 +143,12 @@ def spread(values, digits=4):
 
 
 def main():
-    names, seed_list = [n for n in rules.split(',') if n], [int(s) for s in str(seeds).split(',') if s]
-    unknown = [n for n in names if n not in RULES]
-    if unknown:
-        raise SystemExit(f"error: unknown rule name(s) {', '.join(unknown)}; valid: {', '.join(RULES)}")
-    os.makedirs(out_root, exist_ok=True)
+    names, seed_list = check_or_exit(check_ablate_settings, script_settings(globals()))  # before any work
+    try:
+        os.makedirs(out_root, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: cannot make out_root={out_root} ({e.strerror}); nothing was trained yet; pass "
+                         f"--out_root=DIR you can write to") from None
     results = {}
     for name in names:
         for seed in seed_list:
@@ -164,11 +191,20 @@ def main():
             lines[i] += ''.join(f" {spread(values) if values else 'n/a'} |" for values in cells)
     table = '\n'.join(lines)
     print(f"\nrecipe: {recipe or '(train.py defaults: recall)'}\n{table}")
-    with open(os.path.join(out_root, 'ablation.md'), 'w') as f:
-        f.write(f"recipe: `{recipe}`\n\n{table}\n")
-    with open(os.path.join(out_root, 'ablation.json'), 'w') as f:
-        json.dump({'recipe': recipe, 'runs': {n: {s: {k: v for k, v in r.items() if k != 'log'} for s, r in runs.items()}
-                                              for n, runs in results.items()}}, f, indent=1)
+
+    def write_table(tmp):
+        with open(tmp, 'w') as f:
+            f.write(f"recipe: `{recipe}`\n\n{table}\n")
+
+    def write_json(tmp):
+        with open(tmp, 'w') as f:
+            json.dump({'recipe': recipe, 'runs': {n: {s: {k: v for k, v in r.items() if k != 'log'}
+                                                      for s, r in runs.items()} for n, runs in results.items()}},
+                      f, indent=1)
+    kept = f"the runs are kept in {out_root} and the table is printed above"
+    todo = "free space (or fix the folder's permissions), then run again with --train=False to write them"
+    write_or_exit(os.path.join(out_root, 'ablation.md'), write_table, kept, todo)
+    write_or_exit(os.path.join(out_root, 'ablation.json'), write_json, f"{kept}, ablation.md is written", todo)
     try:
         import matplotlib
     except ImportError:
@@ -189,7 +225,9 @@ def main():
     ax.set_title(f'val loss curves from log.jsonl, {out_root}', fontsize=9)
     ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_root, 'loss.png'), dpi=80)
+    write_or_exit(os.path.join(out_root, 'loss.png'), lambda tmp: fig.savefig(tmp, dpi=80, format='png'),
+                  f"the runs, ablation.md and ablation.json are kept in {out_root}",
+                  "free space (or fix the folder's permissions), then run again with --train=False")
     print(f"wrote {os.path.join(out_root, 'loss.png')}")
 
 

@@ -37,7 +37,9 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
 from attention import MixAttention, causal_mask, dense_mask
 from model import layer_inputs_outputs
 from prepare import check_files, dataset_kind, read_meta, recorded_dataset, stored_as
-from support.checkpoint import load_run
+from support.checkpoint import load_run, write_atomically, write_or_exit
+from support.checks import (check_device, check_folder, check_or_exit, check_ranges, check_writable_file,
+                            script_settings)
 from support.data import Batches
 from vit import ViT
 
@@ -52,8 +54,26 @@ json_out = ''               # default: analysis.json in the first out_dir
 plots = ''                  # a folder for PNG plots (needs matplotlib); '' for none
 device = 'cpu'              # where the models run ('cuda' for long contexts); the metrics are computed on the CPU
 seed = 1337
+
+
+def check_analyze_settings(c):
+    """ValueError naming the first bad setting, before any checkpoint is opened: the device first."""
+    check_device(c['device'])
+    if not [d for d in c['out_dir'].split(',') if d]:
+        raise ValueError("out_dir is empty; pass --out_dir=DIR of a run, or several: --out_dir=DIR1,DIR2")
+    check_ranges(c, at_least_one=('batch_size',), not_negative=('example',))
+    if c['example'] >= c['batch_size']:
+        raise ValueError(f"example={c['example']} must be below batch_size={c['batch_size']} (the examples are "
+                         f"numbered from 0); pass --example={c['batch_size'] - 1} or less, or a larger --batch_size")
+    check_folder(c, 'data_dir', "the dataset the checkpoints were trained on")
+    check_writable_file(c, 'json_out', 'analysis JSON')
+    if c['plots'] and os.path.exists(c['plots']) and not os.path.isdir(c['plots']):
+        raise ValueError(f"plots={c['plots']} is a file, not a folder; pass --plots=FOLDER for the PNGs")
+
+
 if __name__ == '__main__':  # tests import the metrics without reading the command line
     exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+    check_or_exit(check_analyze_settings, script_settings(globals()))
 # -----------------------------------------------------------------------------
 THRESHOLDS = (0.9, 0.95, 0.99)
 
@@ -248,12 +268,21 @@ def print_table(entry):
 # -----------------------------------------------------------------------------
 # plots (matplotlib only here)
 
-def make_plots(entries, all_maps, folder):
+def save_figure(fig, path, written):
+    """fig as a PNG at path, written atomically (write_atomically: no half file, no temporary left), then noted in
+    `written`; OSError where it cannot be written."""
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=80, format='png'))
+    written.append(path)
+
+
+def make_plots(entries, all_maps, folder, written=None):
+    """The PNGs in folder; their paths are appended to `written` as each is written (kept where a later one
+    fails)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     os.makedirs(folder, exist_ok=True)
-    written = []
+    written = [] if written is None else written
     for entry, maps in zip(entries, all_maps):
         shown = [(i, m) for i, m in enumerate(maps) if m is not None]
         if not shown:
@@ -276,9 +305,8 @@ def make_plots(entries, all_maps, folder):
                      f"\n(rows: queries, columns: keys{'; signed, red > 0 > blue' if signed else ''})", fontsize=9)
         fig.tight_layout()
         path = os.path.join(folder, f"maps_{entry['slug']}.png")
-        fig.savefig(path, dpi=80)
+        save_figure(fig, path, written)
         plt.close(fig)
-        written.append(path)
 
     def per_layer(ax, key, title, ylabel, baseline=None, branch=None):
         for entry in entries:
@@ -303,8 +331,7 @@ def make_plots(entries, all_maps, folder):
               'vs layer, mean over heads', 'share of weight on token 0', base,
               branch=lambda r: mean(r.get('branches', {}).get('softmax')))
     fig.tight_layout()
-    written.append(os.path.join(folder, 'sink.png'))
-    fig.savefig(written[-1], dpi=80)
+    save_figure(fig, os.path.join(folder, 'sink.png'), written)
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 1 + len(THRESHOLDS), figsize=(4 * (1 + len(THRESHOLDS)), 3.6))
@@ -312,8 +339,7 @@ def make_plots(entries, all_maps, folder):
     for ax, t in zip(axes[1:], THRESHOLDS):
         per_layer(ax, lambda r, t=t: r['token_groups'][str(t)], f'token groups at cos > {t} vs layer', 'token groups')
     fig.tight_layout()
-    written.append(os.path.join(folder, 'collapse.png'))
-    fig.savefig(written[-1], dpi=80)
+    save_figure(fig, os.path.join(folder, 'collapse.png'), written)
     plt.close(fig)
 
     logs = [(e['name'], e['log']) for e in entries if e.get('log')]
@@ -334,8 +360,7 @@ def make_plots(entries, all_maps, folder):
         ax.set_ylabel('loss')
         ax.legend(fontsize=6)
         fig.tight_layout()
-        written.append(os.path.join(folder, 'loss.png'))
-        fig.savefig(written[-1], dpi=80)
+        save_figure(fig, os.path.join(folder, 'loss.png'), written)
         plt.close(fig)
     return written
 
@@ -378,9 +403,13 @@ def main():
             all_maps.append(maps)
             print_table(entries[-1])
     target = json_out or os.path.join(dirs[0] if dirs and os.path.isdir(dirs[0]) else '.', 'analysis.json')
-    with open(target, 'w') as f:
-        json.dump({'checkpoints': [{k: v for k, v in e.items() if k not in ('log', 'slug')} for e in entries],
-                   'errors': problems}, f, indent=1)
+
+    def write_json(tmp):
+        with open(tmp, 'w') as f:
+            json.dump({'checkpoints': [{k: v for k, v in e.items() if k not in ('log', 'slug')} for e in entries],
+                       'errors': problems}, f, indent=1)
+    write_or_exit(target, write_json, "the tables printed above are all that was kept",
+                  "pass --json_out=PATH in a folder you can write to (or free space there) and run again")
     print(f"\nwrote {target}")
     if plots:
         try:
@@ -388,7 +417,14 @@ def main():
         except ImportError:
             print(f"plots: matplotlib is not installed, so no PNGs were written; pip install matplotlib, then run again")
             return
-        for p in make_plots(entries, all_maps, plots):
+        written = []
+        try:
+            make_plots(entries, all_maps, plots, written)
+        except OSError as e:
+            done = f"; the plots written before it are kept: {', '.join(written)}" if written else ''
+            raise SystemExit(f"error: cannot write the plots in {plots} ({e.strerror or e}); {target} is written "
+                             f"and kept{done}; pass --plots=FOLDER you can write to and run again") from None
+        for p in written:
             print(f"wrote {p}")
 
 

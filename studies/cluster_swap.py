@@ -22,6 +22,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
 from model import GPT, layer_inputs_outputs
 from prepare import check_files
 from support.checkpoint import load_run
+from support.checks import check_folder, check_int_list, check_or_exit, check_ranges, script_settings
 from support.data import Batches
 
 # -----------------------------------------------------------------------------
@@ -34,8 +35,23 @@ kmeans_batches = 20                # training batches whose keys the seeds are f
 kmeans_iters = 25
 eval_iters = 20
 seed = 1337
+
+
+def check_cluster_swap_settings(c):
+    """ValueError naming the first bad setting, before the checkpoint is opened."""
+    if not c['out_dir']:
+        raise ValueError("out_dir is empty; pass --out_dir=DIR of a softmax GPT trained by train.py")
+    check_int_list(c, 'cluster_ms', '4,16,64')
+    check_ranges(c, at_least_one=('cluster_chunk', 'kmeans_batches', 'eval_iters'), not_negative=('kmeans_iters',))
+    if not c['cluster_sharpness'] > 0:
+        raise ValueError(f"cluster_sharpness={c['cluster_sharpness']} must be positive; pass e.g. "
+                         f"--cluster_sharpness=20")
+    check_folder(c, 'data_dir', "the dataset the checkpoint was trained on")
+
+
 if __name__ == '__main__':  # tests import the functions without reading the command line
     exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+    check_or_exit(check_cluster_swap_settings, script_settings(globals()))
 # -----------------------------------------------------------------------------
 
 

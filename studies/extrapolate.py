@@ -22,6 +22,8 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prepare import check_files
 from support.checkpoint import load_run
+from support.checks import (check_device, check_dtype, check_folder, check_int_list, check_or_exit, check_ranges,
+                            script_settings)
 from support.data import Batches
 from support.runtime import precision
 
@@ -38,6 +40,20 @@ seed = 1337
 json_out = False
 exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
+
+
+def check_extrapolate_settings(c):
+    """ValueError naming the first bad setting, before the checkpoint is opened: the device first."""
+    check_device(c['device'])
+    check_dtype(c['dtype'])
+    if not c['out_dir']:
+        raise ValueError("out_dir is empty; pass --out_dir=DIR of the run to evaluate (its ckpt.pt)")
+    check_int_list(c, 'multiples', '1,2,4,8')
+    check_ranges(c, at_least_one=('num_tokens', 'batch_size', 'num_examples'))
+    check_folder(c, 'data_dir', "the dataset the checkpoint was trained on")
+
+
+check_or_exit(check_extrapolate_settings, script_settings(globals()))
 
 
 @torch.no_grad()

@@ -184,22 +184,26 @@ def harness_model(scorer):
     return AttentionLabLM()
 
 
-def check_settings():
-    """SystemExit with one `error:` line for a bad setting or a missing local file, before any model is loaded."""
-    names = [t for t in tasks.split(',') if t]
+def check_harness_settings(c):
+    """The task names; ValueError naming the first bad setting or missing local file, before the harness is imported
+    or any model loaded: the device first."""
+    from support.checks import check_device, check_dtype, check_ranges
+    check_device(c['device'])
+    check_dtype(c['dtype'])
+    if not c['out_dir']:
+        raise ValueError("out_dir is empty; pass --out_dir=DIR of the run to score (its ckpt.pt)")
+    names = [t for t in c['tasks'].split(',') if t]
     if not names:
-        raise SystemExit("error: tasks is empty; pass e.g. --tasks=hellaswag,arc_easy (lm_eval ls tasks lists them)")
+        raise ValueError("tasks is empty; pass e.g. --tasks=hellaswag,arc_easy (lm_eval ls tasks lists them)")
     for name in names:
         key = LOCAL_TASKS.get(name)
-        if key and not globals()[key]:
-            raise SystemExit(f"error: task {name} reads a local file: pass --{key}=PATH")
+        if key and not c[key]:
+            raise ValueError(f"task {name} reads a local file: pass --{key}=PATH")
     for key in ('hellaswag_source', 'text_source', 'include_path'):
-        if globals()[key] and not os.path.exists(globals()[key]):
-            raise SystemExit(f"error: {key}={globals()[key]} does not exist; pass the path of an existing "
+        if c[key] and not os.path.exists(c[key]):
+            raise ValueError(f"{key}={c[key]} does not exist; pass the path of an existing "
                              f"{'folder of task YAMLs' if key == 'include_path' else 'file'}")
-    if batch_size < 1 or limit < 0 or num_fewshot < 0:
-        raise SystemExit(f"error: batch_size={batch_size}, limit={limit}, num_fewshot={num_fewshot}: batch_size "
-                         f"must be at least 1, limit and num_fewshot at least 0")
+    check_ranges(c, at_least_one=('batch_size',), not_negative=('limit', 'num_fewshot', 'bootstrap_iters'))
     return names
 
 
@@ -216,24 +220,33 @@ def load_bpe_run(path):
     return run
 
 
-def write_results(results, elapsed):
-    """DIR/harness.json (the harness's results, configs and versions) and DIR/harness.md (its table)."""
-    from lm_eval.utils import make_table
+def write_results(results, elapsed, table):
+    """DIR/harness.json (the harness's results, configs and versions) and DIR/harness.md (its table), each written
+    atomically; a failed write is one `error:` line (the table is printed before)."""
+    from support.checkpoint import write_or_exit
     keep = {k: v for k, v in results.items() if k != 'samples'}
     keep['attention_lab'] = {'out_dir': out_dir, 'tasks': tasks, 'limit': limit, 'batch_size': batch_size,
                              'use_cache': use_cache, 'device': device, 'dtype': dtype, 'seconds': elapsed}
-    with open(os.path.join(out_dir, 'harness.json'), 'w') as f:
-        json.dump(keep, f, indent=2, default=str)
-    table = make_table(results)
-    with open(os.path.join(out_dir, 'harness.md'), 'w') as f:
-        f.write(table)
-    return table
+
+    def write_json(tmp):
+        with open(tmp, 'w') as f:
+            json.dump(keep, f, indent=2, default=str)
+
+    def write_table(tmp):
+        with open(tmp, 'w') as f:
+            f.write(table)
+    todo = "pass --out_dir=DIR of the run in a folder you can write to (or free space there) and run again"
+    write_or_exit(os.path.join(out_dir, 'harness.json'), write_json,
+                  "the scores are only in the table printed above", todo)
+    write_or_exit(os.path.join(out_dir, 'harness.md'), write_table,
+                  f"{out_dir}/harness.json was written and is kept; the table is printed above", todo)
 
 
 def main():
     import tiktoken
     from support.runtime import precision
-    names = check_settings()
+    from support.checks import check_or_exit, script_settings
+    names = check_or_exit(check_harness_settings, script_settings(globals()))
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -269,7 +282,10 @@ def main():
                          f"tasks), or, offline, use the local tasks (--hellaswag_source, --text_source) or your own "
                          f"YAMLs (--include_path)")
     elapsed = time.time() - t0
-    print(write_results(results, elapsed))
+    from lm_eval.utils import make_table
+    table = make_table(results)
+    print(table)
+    write_results(results, elapsed, table)
     print(f"{elapsed:.1f} s; wrote {out_dir}/harness.json and {out_dir}/harness.md")
 
 

@@ -12,7 +12,7 @@ import torch
 from attention import check_attention_name
 from model import GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from
-from prepare import check_dataset_name, dataset_kind
+from prepare import DATASETS, check_dataset_name, dataset_kind
 from support.runtime import check_attention_layers, dataclass_values
 from vit import ViTConfig
 
@@ -22,6 +22,8 @@ NOT_NEGATIVE = ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'nu
                 'grad_clip', 'mixup_alpha', 'cutmix_alpha')
 GPT2_BPE = ('openwebtext', 'fineweb_edu', 'shakespeare')  # the datasets HellaSwag can score: GPT-2 BPE text
 BELOW_ONE = ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing')  # probabilities and decay rates, in [0, 1)
+VIT_KEYS = ('patch_size', 'num_classes', 'augment', 'mixup_alpha', 'cutmix_alpha', 'cutmix_prob',
+            'label_smoothing')  # train.py's keys that only a ViT (an image dataset) reads
 
 
 def check_or_exit(check, *args, **kwargs):
@@ -46,12 +48,23 @@ def check_ranges(c, at_least_one=(), not_negative=(), below_one=()):
             raise ValueError(f"{key}={c[key]} must be at least 0 and below 1; pass --{key}=VALUE in [0, 1)")
 
 
-def check_train_config(config, world_size=1):
+def check_train_config(config, world_size=1, set_keys=()):
     """ValueError naming the first bad setting in `config` (train.py's config keys and their values) for a run of
-    world_size processes; the model's own settings, and every attention layer's, are checked last."""
+    world_size processes; set_keys: those a config file or the command line set. The model's own settings, and every
+    attention layer's, are checked last."""
     c = config
     check_attention_name(c['attention'])
     check_dataset_name(c['dataset'])
+    kind = dataset_kind(c['dataset'])
+    vit_keys = [k for k in VIT_KEYS if k in set_keys]
+    if vit_keys and kind != 'image':
+        images = ', '.join(name for name in DATASETS if dataset_kind(name) == 'image')
+        raise ValueError(f"{vit_keys[0]} is a ViT setting, but dataset {c['dataset']} ({kind}) trains a GPT; drop "
+                         f"--{vit_keys[0]} (and the ViT config that sets it), or pass an image dataset ({images})")
+    if not c['out_dir']:
+        raise ValueError("out_dir is empty; pass --out_dir=DIR (ckpt.pt and log.jsonl go there)")
+    if os.path.exists(c['out_dir']) and not os.path.isdir(c['out_dir']):
+        raise ValueError(f"out_dir={c['out_dir']} is a file, not a folder; pass --out_dir=DIR")
     check_ranges(c, AT_LEAST_ONE, NOT_NEGATIVE, BELOW_ONE)
     if not 0.0 <= c['cutmix_prob'] <= 1.0:
         raise ValueError(f"cutmix_prob={c['cutmix_prob']} is a probability; pass --cutmix_prob=VALUE in [0, 1]")
@@ -76,8 +89,12 @@ def check_train_config(config, world_size=1):
         raise ValueError("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True "
                          "--init_from=resume")
     check_init_from(c['init_from'])
+    no_checkpoint = not os.path.exists(os.path.join(c['out_dir'], 'ckpt.pt'))
+    if c['lora_rank'] and (c['init_from'] == 'scratch' or c['init_from'] == 'auto' and no_checkpoint):
+        raise ValueError(f"lora_rank={c['lora_rank']} trains low-rank updates of a base's frozen weights, but "
+                         f"init_from={c['init_from']!r} starts from random ones; pass --init_from=BASE (gpt2, a "
+                         f"ckpt.pt, a folder in the Hub's layout), or --lora_rank=0")
     check_device(c['device'])
-    kind = dataset_kind(c['dataset'])
     if kind == 'image' and c['init_from'] not in OWN_STARTS:
         raise ValueError(f"init_from={c['init_from']} fine-tunes a GPT, but dataset {c['dataset']} trains a ViT; "
                          f"pass --init_from=scratch, or a text or pixels dataset")
@@ -102,3 +119,52 @@ def check_device(device):
     if device_type == 'cuda' and not torch.cuda.is_available() or \
             device_type == 'mps' and not torch.backends.mps.is_available():
         raise ValueError(f"device='{device}' is not available on this machine; pass --device=cpu")
+
+
+# -----------------------------------------------------------------------------
+# shared by the other scripts' checks (sample.py, bench.py, studies/)
+
+DTYPE_NAMES = ('float32', 'bfloat16', 'float16')
+
+
+def script_settings(scope):
+    """{key: value} of a script's settings: the plain values of its globals, as configurator.py reads them."""
+    return {k: v for k, v in scope.items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))}
+
+
+def check_dtype(dtype):
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{dtype}'; pass --dtype=float32")
+
+
+def check_int_list(c, key, example, at_least=1):
+    """The comma-separated whole numbers of setting `key`, each at least `at_least`; ValueError naming the key."""
+    text = str(c[key])
+    try:
+        values = [int(s) for s in text.split(',')]
+    except ValueError:
+        values = []
+    if not values or any(v < at_least for v in values):
+        raise ValueError(f"{key}={text!r} must be comma-separated whole numbers, each at least {at_least}; pass e.g. "
+                         f"--{key}={example}")
+    return values
+
+
+def check_folder(c, key, what="a folder"):
+    """ValueError unless setting `key` is empty (its default) or an existing folder."""
+    if c[key] and not os.path.isdir(c[key]):
+        raise ValueError(f"{key}={c[key]} is not a folder; pass --{key}=DIR of {what}, or leave it out")
+
+
+def check_writable_file(c, key, what):
+    """ValueError unless setting `key` (a file about to be written) is empty or a path in an existing folder and not
+    a folder itself."""
+    path = c[key]
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise ValueError(f"{key}={path} is a folder; pass --{key}=PATH of the {what} to write")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{key}={path}: its folder {folder} does not exist; make it first, or pass --{key}=PATH in "
+                         f"an existing folder")

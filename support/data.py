@@ -95,6 +95,10 @@ def mixup_cutmix(x, y_soft, mixup_alpha=0.8, cutmix_alpha=1.0, cutmix_prob=0.8, 
     return x, lam * y_soft + (1 - lam) * y_soft.flip(0)
 
 
+class DataChanged(ValueError):
+    """A data file shrank or vanished while a run read it."""
+
+
 def bits_per_dim(loss):
     """A mean cross-entropy in nats per predicted subpixel, in bits per subpixel (the image models' measure)."""
     return loss / math.log(2)
@@ -102,11 +106,14 @@ def bits_per_dim(loss):
 
 class Batches:
     """Batches of `dataset` in data_dir, whose meta.json and {split: rows} (tokens for text, else examples)
-    prepare.check_files gives. A ValueError if num_classes (0: take it from the data) disagrees with the data."""
+    prepare.check_files gives. A ValueError if num_classes (0: take it from the data) disagrees with the data.
+    on_change(what, todo): what a data file that shrinks or vanishes mid-run does (train.py: stop in one line saying
+    what is kept); None: a DataChanged."""
 
     def __init__(self, dataset, data_dir, meta, split_rows, block_size, batch_size, device, num_classes=0,
-                 augment=True, mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_prob=0.8, label_smoothing=0.0):
-        self.kind = dataset_kind(dataset)
+                 augment=True, mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_prob=0.8, label_smoothing=0.0,
+                 on_change=None):
+        self.kind, self.on_change = dataset_kind(dataset), on_change
         self.data_dir, self.meta, self.split_rows = data_dir, meta, split_rows
         self.block_size, self.batch_size, self.device = block_size, batch_size, device
         self.augment, self.label_smoothing = augment, label_smoothing
@@ -128,6 +135,10 @@ class Batches:
             if block_size != tokens - 1:  # no start token: the first subpixel is read, never predicted
                 raise ValueError(f"block_size={block_size} but {dataset} images are {tokens:,} subpixels, of which a "
                                  f"model reads the first {tokens - 1:,}; pass --block_size={tokens - 1}")
+        # the files read batch by batch, and their sizes now: one that shrinks or vanishes mid-run is caught (file)
+        names = {'text': ('{}.bin',), 'examples': ('{}_x.npy', '{}_y.npy'), 'pixels': ('{}_x.npy',)}.get(self.kind, ())
+        self.file_sizes = {name.format(split): os.path.getsize(os.path.join(data_dir, name.format(split)))
+                           for split in ('train', 'val') for name in names}
         # distinct batch rows: a text row is a window of block_size tokens and its targets, one token further
         self.sizes = {split: n - block_size if self.kind == 'text' else n for split, n in split_rows.items()}
 
@@ -178,28 +189,59 @@ class Batches:
             return torch.arange(0, self.split_rows[split] - self.block_size, self.block_size)  # y needs i+1..i+T
         return torch.arange(self.split_rows[split])
 
+    def file(self, name):
+        """The path of data file `name` (one load_batch reads), unless it shrank or vanished since the run began (the
+        folder deleted, or prepared again by another process): then changed() says so, naming it. An os.stat per
+        batch: microseconds, and a truncated file is never read as a batch (nor memory-mapped past its end)."""
+        path = os.path.join(self.data_dir, name)
+        try:
+            size = os.stat(path).st_size
+        except OSError as e:
+            self.changed(f"{path} is gone ({e.strerror}): the data changed during the run")
+        if size != self.file_sizes[name]:
+            self.changed(f"{path} holds {size:,} bytes, {self.file_sizes[name]:,} when the run began: the data changed "
+                         f"during the run")
+        return path
+
+    def changed(self, what):
+        """A data file changed mid-run: on_change(what, what to do) where the caller gave one (train.py: one line with
+        what is kept), else a DataChanged."""
+        todo = f"restore {self.data_dir}, or delete it to prepare it again"
+        if self.on_change is not None:
+            self.on_change(what, todo)
+        raise DataChanged(f"{what}; {todo}")
+
     def load_batch(self, split, ix, augment_seed=None):
         """Rows ix of a split as (x, y) on the device; y is -1 where there is nothing to predict."""
         if self.kind == 'image':
             return self.image_batch(split, ix, augment_seed)
+        try:
+            x, y = self.read_batch(split, ix)
+        except (OSError, ValueError) as e:  # changed between the size check and the read
+            why = (str(e).splitlines() or [''])[0][:150]
+            self.changed(f"{self.data_dir} cannot be read ({type(e).__name__}: {why}): the data changed during the run")
+        if 'cuda' in self.device:
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def read_batch(self, split, ix):
+        """Rows ix of a split as CPU (x, y) int64, from the files (text, examples, pixels)."""
         if self.kind == 'text':
             # a fresh memmap per batch, as nanoGPT does, avoids a memory leak over long runs
-            data = np.memmap(os.path.join(self.data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
+            data = np.memmap(self.file(f'{split}.bin'), dtype=np.uint16, mode='r')
             T = self.block_size
             x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix.tolist()])  # (B, T)
             y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in ix.tolist()])
         elif self.kind == 'pixels':
             rows = np.sort(ix.numpy())  # sorted reads from the memmap (the image dataset's own file)
-            images = np.load(os.path.join(self.data_dir, f'{split}_x.npy'), mmap_mode='r')[rows]  # (B, H, W, C)
+            images = np.load(self.file(f'{split}_x.npy'), mmap_mode='r')[rows]  # (B, H, W, C)
             seq = torch.from_numpy(images.reshape(len(rows), -1).astype(np.int64))  # (B, H*W*C) in raster order
             x, y = seq[:, :-1], seq[:, 1:]  # (B, T) each, T = H*W*C - 1
         else:
             rows = np.sort(ix.numpy())  # sorted reads from the memmap; the order within a batch does not matter
-            x, y = (np.load(os.path.join(self.data_dir, f'{split}_{part}.npy'), mmap_mode='r')[rows] for part in 'xy')
+            x, y = (np.load(self.file(f'{split}_{part}.npy'), mmap_mode='r')[rows] for part in 'xy')
             x, y = torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))  # (B, T) each
-        if 'cuda' in self.device:
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device), y.to(self.device)
+        return x, y
 
     def image_batch(self, split, ix, augment_seed=None):
         """Rows ix as normalised images (B, 3, 32, 32) and labels (B,). A training batch (augment_seed given) is

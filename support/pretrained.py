@@ -21,7 +21,7 @@ from dataclasses import asdict, fields
 import torch
 
 from attention import ClusterConfig, KrauseConfig, AttentionXConfig, TDAConfig
-from model import GPT
+from model import GPT, target_names
 from support.checkpoint import load_run
 
 GPT2_MODELS = {'gpt2': 'openai-community/gpt2', 'gpt2-medium': 'openai-community/gpt2-medium',
@@ -157,7 +157,23 @@ def fine_tune_args(base, run_args, set_keys):
         elif key in set_keys and key != 'vocab_size' and value != args[key]:
             raise ValueError(f"{key}={value!r} contradicts the base {base['name']} ({key}={args[key]!r}): a fine-tune "
                              f"keeps the base's shape and rule; drop --{key} (or add a rule beside it with mix=True)")
+    check_lora_rank(args, base['name'])
     return args
+
+
+def check_lora_rank(args, name):
+    """ValueError where lora_rank exceeds the smaller side of a Linear it adapts (an update of rank r needs r <= both
+    sides of the weight: beyond that it only adds parameters)."""
+    C = args['n_embd']
+    hidden = args.get('mlp_hidden') or 4 * C
+    sides = {'c_attn': ('c_attn', C), 'c_proj': ('c_proj', min(C, hidden)), 'c_fc': ('c_fc', min(C, hidden))}
+    targets = [sides[t] for t in target_names(args.get('lora_targets', '')) if t in sides]
+    if args.get('lora_rank', 0) and targets:
+        layer, limit = min(targets, key=lambda t: t[1])
+        if args['lora_rank'] > limit:
+            raise ValueError(f"lora_rank={args['lora_rank']} is larger than {limit}, the smaller side of the {layer} "
+                             f"weights it adapts in {name} (n_embd={C}, MLP hidden {hidden}); pass --lora_rank={limit} "
+                             f"or less")
 
 
 def mixed_args(args):  # config.mix on a dict of model settings
@@ -166,7 +182,7 @@ def mixed_args(args):  # config.mix on a dict of model settings
 
 def check_tokens(base, meta):
     """ValueError unless the data's tokens (meta.json) are the base's: GPT-2 BPE for GPT-2, the same characters for
-    a character model."""
+    a character model, and no more of them than the base's vocabulary holds."""
     theirs, ours = base['meta'].get('encoding'), meta.get('encoding')
     if theirs != ours:
         raise ValueError(f"{base['name']} reads {theirs} tokens, the dataset {meta.get('dataset')} has {ours}; "
@@ -174,6 +190,10 @@ def check_tokens(base, meta):
     if ours == 'chars' and base['meta'].get('itos') != meta.get('itos'):
         raise ValueError(f"the dataset's characters are not {base['name']}'s; prepare it into a new --data_dir "
                          f"(train.py encodes it with the base's characters)")
+    needed, have = 50257 if ours == 'gpt2' else meta.get('vocab_size'), base['model_args']['vocab_size']
+    if needed is not None and needed > have:
+        raise ValueError(f"the dataset {meta.get('dataset')} has {needed:,} tokens but {base['name']} reads only "
+                         f"{have:,}; fine-tune on data of its vocabulary (prepared with the base's settings)")
 
 
 def base_state(base, model):

@@ -10,11 +10,14 @@ milliseconds instead of two seconds of imports and teardown.
 
 A kill [within, target, n] SIGKILLs the run the n-th time a function named `target` (Python or builtin) is called
 while a function named `within` is running ('' for anywhere): e.g. ["save_checkpoint", "write_record", 5] stops it in
-the middle of writing its checkpoint, with nothing flushed or cleaned up, as kill -9 would.
+the middle of writing its checkpoint, with nothing flushed or cleaned up, as kill -9 would. A fault
+[within, target, n, code] runs the Python code `code` at that moment instead (n = 0: before the script starts), in
+the script's process: a data file truncated, the disk full (RLIMIT_FSIZE), Ctrl-C (SIGINT to itself).
 
 Wrapper mode, for torchrun: `torchrun ... tests/faults.py --kill=within:target:n:rank script args...` runs the script
 in this process and kills rank `rank` at that moment, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0).
 """
+import atexit
 import json
 import os
 import runpy
@@ -28,6 +31,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def kill_at(within, target, n):
     """SIGKILL this process the n-th time `target` is called inside `within` (a profile hook: this thread only)."""
+    at_call(within, target, n, lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+
+def at_call(within, target, n, action):
+    """Call action() the n-th time `target` is called inside `within` ('' for anywhere; a profile hook: this thread
+    only), or now where n is 0."""
+    if n == 0:
+        return action()
     calls = 0
 
     def inside(frame):
@@ -43,28 +54,43 @@ def kill_at(within, target, n):
         if name == target and (not within or inside(frame)):
             calls += 1
             if calls == n:
-                os.kill(os.getpid(), signal.SIGKILL)
+                sys.setprofile(None)
+                action()
     sys.setprofile(hook)
 
 
-def run(argv, kill=None):
+def fault_action(code):
+    """A fault as Python code run inside the script's process (os, signal, shutil and resource imported): e.g.
+    os.truncate(a data file), shutil.rmtree(the data folder), os.kill(os.getpid(), signal.SIGINT) for Ctrl-C,
+    resource.setrlimit(resource.RLIMIT_FSIZE, ...) for a disk that fills up."""
+    import resource
+    import shutil
+    return lambda: exec(code, {'os': os, 'signal': signal, 'shutil': shutil, 'resource': resource})
+
+
+def run(argv, kill=None, fault=None):
     """Execute a repo script as `python argv...` does; returns only if it finished without sys.exit."""
     sys.argv = list(argv)
     if kill:
         kill_at(*kill)
+    if fault:
+        within, target, n, code = fault
+        at_call(within, target, n, fault_action(code))
     runpy.run_path(argv[0], run_name='__main__')
     sys.setprofile(None)
 
 
-def child(spec, out_path):
+def child(spec, out_fd):
     """Run one script and end the process as the interpreter would end it (the exit code and message of a
-    SystemExit, the traceback of any other exception), without the half second torch's teardown takes."""
+    SystemExit, the traceback of any other exception, then the atexit functions the script registered), without the
+    half second torch's teardown takes."""
+    atexit._clear()  # this process's own, registered before the fork, are not the script's
     os.environ.update(spec.get('env', {}))
-    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    os.dup2(out_fd, 1)  # a pipe, not a file: a run that limits its file sizes (RLIMIT_FSIZE) still has its output
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
     try:
-        run(spec['argv'], spec.get('kill'))
+        run(spec['argv'], spec.get('kill'), spec.get('fault'))
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
@@ -73,6 +99,7 @@ def child(spec, out_path):
     except BaseException:
         traceback.print_exc()
         code = 1
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -82,16 +109,18 @@ def batch():
     import numpy, torch, torch.distributed, torch.nn.parallel, tqdm  # noqa: F401 E401 what every run imports, paid once
     import attention, model, prepare, prepare.recall, support.data, support.runtime, vit  # noqa: F401 E401
     runs, results = json.load(sys.stdin), []
-    out_path = os.path.join(os.environ.get('TMPDIR', '/tmp'), f'faults-{os.getpid()}.out')
     for spec in runs:
         start = time.time()
+        read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:
-            child(spec, out_path)  # never returns: the child ends as its script ends
+            os.close(read_fd)
+            child(spec, write_fd)  # never returns: the child ends as its script ends
+        os.close(write_fd)
+        with os.fdopen(read_fd, 'rb') as f:  # until the child's end closes it
+            out = f.read().decode(errors='replace')
         _, status = os.waitpid(pid, 0)
-        with open(out_path) as f:
-            results.append({'rc': os.waitstatus_to_exitcode(status), 'out': f.read(), 'seconds': time.time() - start})
-    os.remove(out_path)
+        results.append({'rc': os.waitstatus_to_exitcode(status), 'out': out, 'seconds': time.time() - start})
     json.dump(results, sys.stdout)
 
 

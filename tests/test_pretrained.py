@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import ATTENTION, MixAttention
-from conftest import SHARED, iter_losses, needs_shared, rule_cases, run_script
+from conftest import SHARED, iter_losses, needs_shared, rule_cases, run_forked, run_script, write_tiny_cifar
 from model import LoRALinear, merge_lora, trainable
 from model import GPT, GPTConfig
 from support.pretrained import base_state, fine_tune_args, load_base, load_base_weights
@@ -290,6 +290,20 @@ def test_a_gpt2_folder_fine_tunes_on_bpe_shakespeare_and_samples(tmp_path):
     out = run_script('sample.py', f'--out_dir={tmp_path / "ft"}', '--device=cpu', '--num_samples=1',
                      '--max_new_tokens=8', '--start=ROMEO:')
     assert '\nROMEO:' in out and 'tokens/s' in out
+
+
+def test_a_pixel_gpt_is_the_base_of_a_pixel_fine_tune(tmp_path):
+    """A GPT trained on cifar10_pixels fine-tunes (LoRA) on pixels: a base may be a pixel model."""
+    data = write_tiny_cifar(tmp_path / 'cifar10')
+    common = ['train.py', '--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_head=2', '--n_embd=16',
+              '--batch_size=2', '--eval_iters=2', '--device=cpu', '--compile=False', '--warmup_iters=1',
+              '--lr_decay_iters=2', '--max_iters=2', '--eval_interval=2', f'--data_dir={data}']
+    base = tmp_path / 'base' / 'ckpt.pt'
+    (rc, out), (rc_ft, ft) = run_forked({'argv': [*common, f'--out_dir={tmp_path / "base"}']},
+                                        {'argv': [*common, f'--out_dir={tmp_path / "ft"}', f'--init_from={base}',
+                                                  '--lora_rank=4']})
+    assert rc == 0 and rc_ft == 0 and f"(fine-tuning {base})" in ft, ft[-2000:]
+    assert 'val bits/dim' in ft and torch.load(tmp_path / 'ft' / 'ckpt.pt', weights_only=True)['base'] == str(base)
 
 
 # -----------------------------------------------------------------------------

@@ -5,6 +5,9 @@ import os
 import random
 import re
 import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -73,13 +76,35 @@ ROWS = {
                               r"this model reads token ids 0\.\.31 separated by spaces, got 'hello'"),
     'prompt file missing': ('sample.py --out_dir={d}/ckpt_chars --start=FILE:{d}/nope.txt',
                             r"cannot read the prompt file \S+nope.txt"),
+    # LoRA and bases: a base is needed, the rank fits the layers, the data's tokens fit the base's vocabulary
+    'lora_rank without a base': ('train.py --lora_rank=4', r"lora_rank=4 trains low-rank updates of a base's frozen "
+                                 r"weights, but init_from='scratch' starts from random ones; pass --init_from=BASE"),
+    'lora_rank above the layer': (f'train.py {" ".join(TINY)} --init_from={{d}}/ckpt_recall/ckpt.pt --lora_rank=64',
+                                  r"lora_rank=64 is larger than 32, the smaller side of the c_attn weights it adapts "
+                                  r"in \S+ckpt.pt \(n_embd=32, MLP hidden 128\); pass --lora_rank=32 or less"),
+    'base vocabulary smaller': (f'train.py {" ".join(TINY)} --init_from={{d}}/ckpt_recall/ckpt.pt --recall_keys=64 '
+                                f'--data_dir={{d}}/recall64', r"the dataset recall has 128 tokens but \S+ckpt.pt reads "
+                                r"only 32; fine-tune on data of its vocabulary"),
+    # what the configurator and the folders are given
+    'ViT key, text dataset': ('train.py --dataset=shakespeare_char --patch_size=8',
+                              r"patch_size is a ViT setting, but dataset shakespeare_char \(text\) trains a GPT; drop "
+                              r"--patch_size \(and the ViT config that sets it\), or pass an image dataset \(cifar10"),
+    'config, bad syntax': ('train.py {d}/bad_config.py', r"bad_config.py, line 2: '\(' was never closed; fix the "
+                                                          r"config file"),
+    'config raises': ('train.py {d}/raising_config.py', r"raising_config.py, line 1: NameError: name 'nope' is not "
+                                                        r"defined; fix the config file"),
+    'out_dir empty': ('train.py --out_dir=', r"out_dir is empty; pass --out_dir=DIR"),
+    'out_dir a file': ('train.py --out_dir={d}/input.txt', r"out_dir=\S+input.txt is a file, not a folder"),
+    'resume, no checkpoint': ('train.py --init_from=resume', r"init_from='resume' but there is no checkpoint at "),
 }
 ENV = {'accumulation vs processes': {'WORLD_SIZE': '3'}}
 # rows that must stop in the check block, before any work: their out_dir is never made, no data is prepared
 EARLY = ['eval_iters=0', 'gradient_accumulation_steps=0', 'n_embd=130,n_head=4', 'batch_size=0', 'max_iters=-5',
          'eval_interval=0', 'log_interval=0', 'warmup_iters=lr_decay_iters', 'krause_topk=999 before preparing',
          'dropout=1', 'beta2=1', 'learning_rate=0', 'weight_decay<0', 'recall_pairs>recall_keys', 'init_from=x',
-         'device=gpu', 'hellaswag on recall', 'accumulation vs processes']
+         'device=gpu', 'hellaswag on recall', 'accumulation vs processes', 'lora_rank without a base',
+         'lora_rank above the layer', 'ViT key, text dataset', 'config, bad syntax', 'config raises', 'out_dir empty',
+         'out_dir a file']
 SETUP = {  # checkpoints the rows use, trained first in the same batch
     'ckpt_chars': f'train.py {" ".join(TINY)} --dataset=shakespeare_char --data_dir={{d}}/chars --block_size=16 '
                   f'--max_iters=2 --eval_interval=2 --out_dir={{d}}/ckpt_chars',
@@ -103,6 +128,8 @@ def run_of(name, folder):
 def rows(tmp_path_factory):
     """Every row, run once in one batch of forked processes: {id: (exit code, output)}, setup runs' included."""
     d = tmp_path_factory.mktemp('rows')
+    (d / 'bad_config.py').write_text("n_layer = 1\nbatch_size = (\n")
+    (d / 'raising_config.py').write_text("n_layer = nope\n")
     (d / 'input.txt').write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     shakespeare_char.prepare(d / 'chars', source=d / 'input.txt')
     for name in ('odd', 'badmeta', 'noval'):
@@ -129,6 +156,9 @@ def test_every_bad_setting_ends_in_one_error_line(row, rows):
     assert errors[0].startswith('error: ') and re.search(ROWS[row][1], errors[0]), errors[0]
     if row in EARLY:  # stopped before any work
         assert not out_dir(folder, row).exists() and not (folder / 'never').exists()
+    # an out_dir the run made and left empty is removed; the lock is released
+    assert not out_dir(folder, row).exists() or any(out_dir(folder, row).iterdir())
+    assert not list(folder.glob('**/run.lock'))
 
 
 def test_sample_shows_recall_episodes(rows):
@@ -167,6 +197,7 @@ def test_kill_9_at_any_moment_loses_nothing(tmp_path):
     assert all(losses == [reference[n]] * len(losses) for n, losses in logged.items()), (logged, reference)
     checkpoint = torch.load(tmp_path / 'killed' / 'ckpt.pt', weights_only=True)  # loadable, and at the end
     assert checkpoint['iter_num'] == 16
+    assert not (tmp_path / 'killed' / 'run.lock').exists()  # each kill left its lock; the next run took it over
     # log.jsonl: after the kills and resumes, each iteration once, with the uninterrupted run's loss
     records = [json.loads(line) for line in (tmp_path / 'killed' / 'log.jsonl').read_text().splitlines()]
     train = [(r['iter'], r['loss']) for r in records if r['type'] == 'train']
@@ -219,3 +250,147 @@ def test_whole_split_eval_and_analyze_bad_input(rows):
     result = json.loads((folder / 'analysis.json').read_text())
     assert [e['name'] for e in result['checkpoints']] == [str(ckpt)] and len(result['errors']) == 2
     assert re.search(r"^    0 mean +0\.\d{4} +\d\.\d{4} +0\.0000 ", out, re.M), out  # layer 0: share, ratio, sparsity
+
+
+# -----------------------------------------------------------------------------
+# faults at the borders: a disk that fills up, a second run on the same out_dir, data that changes mid-run, Ctrl-C.
+# Each ends in one `error:` line (the last) saying what is kept; ckpt.pt stays byte for byte, no *.tmp is left.
+
+def fault(code, target='', n=0, within=''):
+    return [within, target, n, code]
+
+
+def limit_files(size):
+    """Fault code: writes past `size` bytes fail (EFBIG: RLIMIT_FSIZE, as a disk that is full)."""
+    return f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size}, resource.RLIM_INFINITY))"
+
+
+def assert_one_error_line(rc, out, pattern, code=1):
+    last = out.strip().splitlines()[-1]
+    assert rc == code and 'Traceback' not in out and last.startswith('error: '), out[-3000:]
+    assert re.search(pattern, last), last
+    return last
+
+
+def assert_nothing_lost(out, before):
+    assert (out / 'ckpt.pt').read_bytes() == before
+    assert not list(out.glob('*.tmp')) and not (out / 'run.lock').exists(), sorted(out.iterdir())
+
+
+def test_a_failed_write_is_one_line_and_loses_nothing(rows, tmp_path):
+    """The disk full (writes past RLIMIT_FSIZE fail with EFBIG) while writing ckpt.pt, a log.jsonl record, the log
+    trimmed on resume, eval_full.json: one line each, naming the file and the checkpoint kept; ckpt.pt as it was,
+    and the run resumed once space is back logs an uninterrupted run's losses."""
+    folder, _ = rows
+    out = tmp_path / 'out'
+    common = ['train.py', *TINY, f'--data_dir={folder / "recall"}', '--dropout=0.1', '--eval_interval=4',
+              '--lr_decay_iters=12']
+    resume = [*common, f'--out_dir={out}', '--init_from=resume', '--max_iters=8']
+    log_size = f"os.path.getsize({str(out / 'log.jsonl')!r})"
+    then = (f"shutil.copy('{out}/ckpt.pt', '{tmp_path}/after'); "
+            f"open('{tmp_path}/listing', 'w').write(str(os.listdir('{out}')))")
+    (rc, _), *failed, (_, straight), (rc_resumed, resumed) = run_forked(
+        {'argv': [*common, f'--out_dir={out}', '--max_iters=4']},
+        {'argv': resume, 'fault': fault(f"shutil.copy('{out}/ckpt.pt', '{tmp_path}/before'); {limit_files(50_000)}")},
+        {'argv': resume, 'fault': fault(limit_files(log_size), 'append', 2, 'guarded')},  # the 2nd record
+        {'argv': resume, 'fault': fault(limit_files(100))},  # the lock fits, the trimmed log does not
+        {'argv': [*resume, '--eval_only=True', '--eval_full=True'], 'fault': fault(limit_files(50))},
+        {'argv': [*common, f'--out_dir={tmp_path / "straight"}', '--max_iters=12']},
+        {'argv': [*resume, '--max_iters=12'], 'fault': fault(then)})  # space back: ckpt.pt and the folder noted first
+    assert rc == 0
+    kept = rf"; the last good checkpoint, iteration 4, is kept in {out}/ckpt.pt; free some space \(or raise the " \
+           rf"file size limit\), then go on with --init_from=resume$"
+    for (rc, log), name in zip(failed, ['ckpt.pt', 'log.jsonl', 'log.jsonl', 'eval_full.json']):
+        assert_one_error_line(rc, log, rf"^error: cannot write {out}/{name} \(File too large\){kept}")
+    assert (tmp_path / 'after').read_bytes() == (tmp_path / 'before').read_bytes()  # after all four failures
+    assert sorted(eval((tmp_path / 'listing').read_text())) == ['ckpt.pt', 'log.jsonl']  # no *.tmp, no run.lock
+    assert rc_resumed == 0 and min(iter_losses(resumed)) == 4, resumed[-2000:]
+    assert {n: iter_losses(straight)[n] for n in iter_losses(resumed)} == iter_losses(resumed)
+
+
+def test_data_that_shrinks_or_vanishes_mid_run_is_one_line(rows, tmp_path):
+    """train.bin truncated mid-run (it was a NaN loss and advice to lower learning_rate) and the data folder deleted
+    (a traceback): one line naming the file, and the checkpoint of iteration 4 kept, byte for byte."""
+    folder, _ = rows
+    shutil.copytree(folder / 'chars', tmp_path / 'chars')
+    shutil.copytree(folder / 'recall', tmp_path / 'recall')
+    common = ['train.py', *TINY, '--eval_interval=4', '--max_iters=20']
+    keep = "shutil.copy('{out}/ckpt.pt', '{out}/../{name}.before'); "
+    runs = {'chars': (['--dataset=shakespeare_char', '--block_size=16'], f"os.truncate('{tmp_path}/chars/train.bin', "
+                                                                         f"1000)"),
+            'recall': ([], f"shutil.rmtree('{tmp_path}/recall')")}
+    results = run_forked(*({'argv': [*common, *args, f'--data_dir={tmp_path / name}',
+                                     f'--out_dir={tmp_path / name}-out'],
+                            'fault': fault(keep.format(out=tmp_path / f'{name}-out', name=name) + code,
+                                           'clip_grad_norm_', 7)}  # in iteration 6, after the checkpoint of 4
+                           for name, (args, code) in runs.items()))
+    then = r"; the last good checkpoint, iteration 4, is kept in \S+/ckpt.pt; restore \S+, or delete it to prepare " \
+           r"it again, then go on with --init_from=resume$"
+    (rc, out), (rc2, out2) = results
+    assert_one_error_line(rc, out, rf"^error: {tmp_path}/chars/train.bin holds 1,000 bytes, [\d,]+ when the run "
+                                   rf"began: the data changed during the run{then}")
+    assert_one_error_line(rc2, out2, rf"^error: {tmp_path}/recall/train_x.npy is gone \(No such file or directory\): "
+                                     rf"the data changed during the run{then}")
+    for name in runs:
+        assert_nothing_lost(tmp_path / f'{name}-out', (tmp_path / f'{name}.before').read_bytes())
+
+
+def test_one_run_per_out_dir_a_stale_lock_is_taken_over_and_ctrl_c_is_one_line(rows, tmp_path):
+    """A second run on a live run's out_dir is refused, naming its pid (an eval_only run, which only reads, is not);
+    the lock of a run killed with SIGKILL is taken over; Ctrl-C is one line saying what is kept, exit code 130, the
+    lock released; resumed, the run logs an uninterrupted run's losses."""
+    folder, _ = rows
+    out = tmp_path / 'out'
+    common = ['train.py', *TINY, f'--data_dir={folder / "recall"}', '--dropout=0.1', '--eval_interval=3',
+              '--lr_decay_iters=60', f'--out_dir={out}']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+
+    def start(*args):
+        return subprocess.Popen([sys.executable, *common, '--max_iters=100000', *args], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait_for(proc, pattern):
+        seen = ''
+        for line in proc.stdout:
+            seen += line
+            if re.search(pattern, line):
+                return seen
+        raise AssertionError(f"ended before {pattern!r}:\n{seen[-3000:]}")
+
+    first = start()
+    try:
+        wait_for(first, r"^iter 4:")  # the checkpoint of iteration 3 is written
+        assert (out / 'run.lock').read_text().split()[0] == str(first.pid)
+        (rc, second), (rc_eval, evaluated) = run_forked(
+            {'argv': [*common, '--max_iters=10']},
+            {'argv': [*common, '--max_iters=100000', '--eval_only=True', '--init_from=resume']})
+        assert_one_error_line(rc, second, rf"^error: out_dir={out} is in use by another run \(pid {first.pid}; "
+                                          rf"{out}/run.lock\); wait for it to end or stop it, or pass another "
+                                          rf"--out_dir$")
+        assert rc_eval == 0 and re.search(r"^step \d+: train loss", evaluated, re.M), evaluated[-2000:]
+    finally:
+        first.kill()
+        first.wait()
+    assert (out / 'run.lock').read_text().split()[0] == str(first.pid)  # stale: its process is gone
+    third = start('--init_from=resume')
+    try:
+        seen = wait_for(third, r"^saving checkpoint")  # it took the stale lock, and wrote a checkpoint
+        seen += wait_for(third, r"^iter \d+:")
+        assert (out / 'run.lock').read_text().split()[0] == str(third.pid)
+        third.send_signal(signal.SIGINT)
+        seen += third.communicate(timeout=60)[0]
+    finally:
+        third.kill()
+    last = assert_one_error_line(third.returncode, seen, r"^error: interrupted \(Ctrl-C\); the last good checkpoint, "
+                                 rf"iteration (\d+), is kept in {out}/ckpt.pt; go on with --init_from=resume$",
+                                 code=130)
+    saved = int(re.search(r"iteration (\d+)", last).group(1))
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == saved
+    assert_nothing_lost(out, (out / 'ckpt.pt').read_bytes())
+    end = saved + 3
+    (_, straight), (rc, resumed) = run_forked(
+        {'argv': [*common, f'--out_dir={tmp_path / "straight"}', f'--max_iters={end}']},
+        {'argv': [*common, '--init_from=resume', f'--max_iters={end}']})
+    assert rc == 0 and sorted(iter_losses(resumed)) == list(range(saved, end + 1)), resumed[-2000:]
+    assert {n: iter_losses(straight)[n] for n in iter_losses(resumed)} == iter_losses(resumed)
+    assert not (out / 'run.lock').exists()

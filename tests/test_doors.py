@@ -1,0 +1,198 @@
+"""Every script a user runs refuses bad input as train.py does: one `error:` line, last, that names the key and says
+what to do, before any checkpoint is opened or data read (the device first: a good checkpoint is never called
+corrupt because the device is missing); a write that fails ends in one line that says what was kept, with no
+temporary file left; merge_lora.py never overwrites its input. One batch of forked runs (tests/faults.py) for all the
+bad inputs: milliseconds each."""
+import hashlib
+import os
+import re
+import shutil
+
+import pytest
+import torch
+
+from conftest import run_forked, write_tiny_cifar
+
+TEXT = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4',
+        '--eval_iters=1', '--device=cpu', '--compile=False', '--warmup_iters=1', '--lr_decay_iters=4']
+PIXELS = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_head=2', '--n_embd=16', '--batch_size=2',
+          '--eval_iters=2', '--device=cpu', '--compile=False', '--warmup_iters=1', '--lr_decay_iters=3',
+          '--max_iters=1', '--eval_interval=1']
+SMALL = ['--seq_lens=32', '--n_embd=16', '--n_head=2', '--n_layer=1', '--repeats=1', '--device=cpu', '--dtype=float32']
+ROLLING = ['--tasks=text_rolling', '--text_source={d}/input.txt', '--device=cpu']
+# (script, arguments, the last line's pattern); {d}: the fixture's folder, B: its text run, P: its pixel run
+CASES = [
+    ('sample.py', ['--out_dir=B', '--device=gpu'], r"device='gpu' is not a device; pass --device=cpu"),
+    ('sample.py', ['--out_dir=B', '--dtype=float64'], r"dtype must be .* got 'float64'; pass --dtype=float32"),
+    ('sample.py', ['--out_dir=B', '--top_k=-1'], r"top_k=-1 must not be negative; pass --top_k=0"),
+    ('sample.py', ['--out_dir=B', '--temperature=-1'], r"temperature=-1.0 must not be negative.*pass --temperature"),
+    ('sample.py', ['--out_dir=B', '--max_new_tokens=-5'], r"max_new_tokens=-5 must not be negative"),
+    ('sample.py', ['--out_dir=B', '--num_samples=0'], r"num_samples=0 must be at least 1; pass --num_samples=1"),
+    ('sample.py', ['--out_dir=P', '--batch=0'], r"batch=0 must be at least 1; pass --batch=1"),
+    ('sample.py', ['--out_dir=P', '--num_samples=-2'], r"num_samples=-2 must be at least 1"),
+    ('sample.py', ['--out_dir=P', '--png={d}/missing/x.png'], r"png=.*missing/x.png: its folder .* does not exist"),
+    ('sample.py', ['--out_dir=P', '--png={d}/grid.jpg'], r"png=.*grid.jpg must end in .png"),
+    ('sample.py', ['--out_dir=P', '--png={d}'], r"png=.* is a folder; pass --png=PATH"),
+    ('sample.py', ['--out_dir=P', '--num_samples=100', '--batch=50', '--complete=True'],
+     r"num_samples=100 with complete=True .* holds 5; pass --num_samples=5 or fewer"),
+    ('sample.py', ['--out_dir=P', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder; pass --data_dir"),
+    ('bench.py', [*SMALL, '--device=gpu'], r"device='gpu' is not a device"),
+    ('bench.py', [*SMALL, '--seq_lens=32,abc'], r"seq_lens='32,abc' must be comma-separated whole numbers"),
+    ('bench.py', [*SMALL, '--seq_lens=0'], r"seq_lens='0' must be .* each at least 1; pass e.g. --seq_lens="),
+    ('bench.py', [*SMALL, '--seq_lens='], r"seq_lens='' must be comma-separated"),
+    ('bench.py', [*SMALL, '--batch=0'], r"batch=0 must be at least 1"),
+    ('bench.py', [*SMALL, '--repeats=0'], r"repeats=0 must be at least 1"),
+    ('bench.py', [*SMALL, '--n_head=3'], r"n_embd=16 must be a multiple of n_head=3"),
+    ('bench.py', [*SMALL, '--n_embd=0'], r"n_embd=0 must be at least 1"),
+    ('bench.py', [*SMALL, '--mode=model', '--n_layer=0'], r"n_layer=0 must be at least 1"),
+    ('bench.py', [*SMALL, '--dtype=float64'], r"dtype must be .* got 'float64'"),
+    ('bench.py', [*SMALL, '--mode=generate', '--decode_tokens=0'], r"decode_tokens=0 must be at least 1"),
+    ('bench.py', [*SMALL, '--mode=generate', '--vocab_size=0'], r"vocab_size=0 must be at least 1"),
+    ('bench.py', [*SMALL, '--mode=images', '--image_tokens=1'], r"image_tokens=1 must be at least 2"),
+    ('bench.py', [*SMALL, '--attention=nope'], r"unknown attention 'nope'"),
+    ('bench.py', [*SMALL, '--mode=xyz'], r"mode must be 'attention', 'model', 'generate' or 'images', got 'xyz'"),
+    ('studies/extrapolate.py', ['--out_dir=B', '--multiples=1,x'], r"multiples='1,x' must be comma-separated"),
+    ('studies/extrapolate.py', ['--out_dir=B', '--multiples=0'], r"multiples='0' must be .* at least 1"),
+    ('studies/extrapolate.py', ['--out_dir=B', '--num_tokens=0'], r"num_tokens=0 must be at least 1"),
+    ('studies/extrapolate.py', ['--out_dir=B', '--batch_size=0'], r"batch_size=0 must be at least 1"),
+    ('studies/extrapolate.py', ['--out_dir=B', '--num_examples=0'], r"num_examples=0 must be at least 1"),
+    ('studies/extrapolate.py', ['--out_dir=B', '--dtype=float64'], r"dtype must be .* got 'float64'"),
+    ('studies/extrapolate.py', ['--out_dir=B', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder"),
+    ('studies/extrapolate.py', ['--out_dir='], r"out_dir is empty; pass --out_dir=DIR"),
+    ('studies/harness.py', ['--out_dir=B', *ROLLING, '--bootstrap_iters=-1'], r"bootstrap_iters=-1 must not be negative"),
+    ('studies/harness.py', ['--out_dir=B', *ROLLING, '--batch_size=0'], r"batch_size=0 must be at least 1"),
+    ('studies/harness.py', ['--out_dir=B', *ROLLING, '--limit=-1'], r"limit=-1 must not be negative"),
+    ('studies/harness.py', ['--out_dir=B', *ROLLING, '--dtype=float64'], r"dtype must be .* got 'float64'"),
+    ('studies/harness.py', ['--out_dir=B', '--device=cpu', '--tasks=,'], r"tasks is empty; pass e.g. --tasks="),
+    ('studies/analyze.py', ['--out_dir=B', '--batch_size=0'], r"batch_size=0 must be at least 1"),
+    ('studies/analyze.py', ['--out_dir=B', '--example=-1'], r"example=-1 must not be negative"),
+    ('studies/analyze.py', ['--out_dir=B', '--example=9', '--batch_size=2'], r"example=9 must be below batch_size=2"),
+    ('studies/analyze.py', ['--out_dir=,'], r"out_dir is empty; pass --out_dir=DIR"),
+    ('studies/analyze.py', ['--out_dir=B', '--json_out={d}/missing/a.json'], r"json_out=.*: its folder .* does not exist"),
+    ('studies/analyze.py', ['--out_dir=B', '--json_out={d}'], r"json_out=.* is a folder"),
+    ('studies/analyze.py', ['--out_dir=B', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder"),
+    ('studies/analyze.py', ['--out_dir=B', '--plots={d}/input.txt'], r"plots=.*input.txt is a file, not a folder"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--rules=softmax,nope'], r"rules: unknown rule name\(s\) nope; valid:"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--rules='], r"rules is empty; pass e.g. --rules="),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--seeds=1,x'], r"seeds='1,x' must be comma-separated"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--seeds='], r"seeds='' must be comma-separated"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--analysis_batch=0'], r"analysis_batch=0 must be at least 1"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--recipe="--device=cpu'], r"recipe does not parse .* balanced quotes"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--harness_args=\'x'], r"harness_args does not parse"),
+    ('studies/ablate.py', ['--out_root={d}/input.txt'], r"out_root=.*input.txt is a file, not a folder"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_chunk=0'], r"cluster_chunk=0 must be at least 1"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=4,x'], r"cluster_ms='4,x' must be comma-separated"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=0'], r"cluster_ms='0' must be .* at least 1"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--eval_iters=0'], r"eval_iters=0 must be at least 1"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--kmeans_batches=0'], r"kmeans_batches=0 must be at least 1"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--kmeans_iters=-1'], r"kmeans_iters=-1 must not be negative"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_sharpness=0'], r"cluster_sharpness=0.0 must be positive"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder"),
+    ('studies/merge_lora.py', ['--ckpt={d}/base', '--out={d}/merged.pt'], r"ckpt=.*base is not a file; pass --ckpt"),
+    ('studies/merge_lora.py', ['--ckpt={d}/lora/ckpt.pt', '--out={d}/lora'], r"out=.*lora is a folder; pass --out="),
+]
+DEVICE_SCRIPTS = ['sample.py', 'bench.py', 'studies/extrapolate.py', 'studies/harness.py', 'studies/analyze.py']
+
+
+def spelled(arg, d):
+    return arg.replace('{d}', str(d)).replace('=B', f'={d / "base"}').replace('=P', f'={d / "pixels"}')
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """Trained once, in one batch of forked runs: a character GPT (base), a LoRA fine-tune of it (lora), a pixel
+    GPT on 4x4 CIFAR-like images (pixels). The folder."""
+    d = tmp_path_factory.mktemp('doors')
+    (d / 'input.txt').write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n"
+                                         for i in range(400)))
+    images = write_tiny_cifar(d / 'cifar10')
+    text = [*TEXT, f'--data_source={d / "input.txt"}', f'--data_dir={d / "chars"}']
+    results = run_forked(
+        {'argv': ['train.py', *text, f'--out_dir={d / "base"}', '--max_iters=2', '--eval_interval=2']},
+        {'argv': ['train.py', *text, f'--out_dir={d / "lora"}', f'--init_from={d / "base" / "ckpt.pt"}',
+                  '--lora_rank=2', '--max_iters=2', '--eval_interval=2']},
+        {'argv': ['train.py', *PIXELS, f'--data_dir={images}', f'--out_dir={d / "pixels"}']})
+    assert all(rc == 0 for rc, _ in results), [out[-2000:] for rc, out in results if rc]
+    return d
+
+
+@pytest.fixture(scope='module')
+def bad_inputs(runs):
+    """{case index: (exit code, output)} of every case in CASES, one forked run each."""
+    d = runs
+    results = run_forked(*({'argv': [script, *(spelled(a, d) for a in args)]} for script, args, _ in CASES))
+    return dict(enumerate(results))
+
+
+def last_line(out):
+    return out.strip().splitlines()[-1] if out.strip() else ''
+
+
+@pytest.mark.parametrize('i', range(len(CASES)), ids=[f"{s}:{' '.join(a)[:70]}" for s, a, _ in CASES])
+def test_a_bad_input_is_one_error_line_naming_its_key(bad_inputs, i):
+    """The last line is `error:` and names the key (each pattern names it) and what to pass; no traceback."""
+    script, args, pattern = CASES[i]
+    rc, out = bad_inputs[i]
+    assert rc == 1 and 'Traceback' not in out, out[-3000:]
+    assert last_line(out).startswith('error: ') and re.search(pattern, last_line(out)), last_line(out)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_missing_device_is_named_before_any_checkpoint_is_opened(runs):
+    """--device=cuda on a CPU-only machine: the device is not available, not the checkpoint 'corrupt: delete it'."""
+    d = runs
+    extra = {'bench.py': SMALL[:-2], 'studies/harness.py': [spelled(a, d) for a in ROLLING[:-1]]}
+    results = run_forked(*({'argv': [script, f'--out_dir={d / "base"}', *extra.get(script, []), '--device=cuda']}
+                           for script in DEVICE_SCRIPTS if script != 'bench.py'),
+                         {'argv': ['bench.py', *extra['bench.py'], '--device=cuda']})
+    for script, (rc, out) in zip([s for s in DEVICE_SCRIPTS if s != 'bench.py'] + ['bench.py'], results):
+        assert rc == 1 and 'Traceback' not in out, (script, out[-2000:])
+        assert last_line(out) == "error: device='cuda' is not available on this machine; pass --device=cpu", script
+        assert 'delete' not in out and 'corrupt' not in out, (script, out[-2000:])
+
+
+def test_a_failed_write_is_one_line_and_leaves_no_temporary_file(runs, tmp_path):
+    """sample.py's PNG and analyze.py's JSON on a full disk (their temporary file a link to /dev/full): one line that
+    says what was kept and what to do; no temporary file, no half-written file."""
+    if not os.path.exists('/dev/full'):
+        pytest.skip("no /dev/full on this machine")
+    d = runs
+    png, analysis = tmp_path / 'grid.png', tmp_path / 'a.json'
+    for path in (png, analysis):
+        os.symlink('/dev/full', f'{path}.tmp')
+    (rc_s, out_s), (rc_a, out_a) = run_forked(
+        {'argv': ['sample.py', f'--out_dir={d / "pixels"}', '--num_samples=2', '--batch=2', f'--png={png}']},
+        {'argv': ['studies/analyze.py', f'--out_dir={d / "base"}', f'--json_out={analysis}', '--batch_size=2']})
+    assert rc_s == 1 and 'Traceback' not in out_s, out_s[-2000:]
+    assert last_line(out_s) == (f"error: cannot write {png} (No space left on device); nothing was written, and the 2 "
+                                f"images drawn are not kept; pass --png=PATH.png in a folder you can write to, and "
+                                f"run again")
+    assert rc_a == 1 and 'Traceback' not in out_a, out_a[-2000:]
+    assert last_line(out_a) == (f"error: cannot write {analysis} (No space left on device); the tables printed above "
+                                f"are all that was kept; pass --json_out=PATH in a folder you can write to (or free "
+                                f"space there) and run again")
+    assert '== ' in out_a  # the tables were printed before
+    assert sorted(os.listdir(tmp_path)) == []  # no temporary file (nor its link), no half-written file
+
+
+def test_merge_lora_never_overwrites_its_input(runs, tmp_path):
+    """--out naming --ckpt, however spelled (the same path, through .., through a link): refused before anything is
+    read, the checkpoint byte-identical after; a real --out still works."""
+    d = runs
+    run = tmp_path / 'run'
+    shutil.copytree(d / 'lora', run)
+    ckpt = run / 'ckpt.pt'
+    before = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    os.symlink(run, tmp_path / 'link')
+    spellings = [ckpt, run / '..' / 'run' / '.' / 'ckpt.pt', tmp_path / 'link' / 'ckpt.pt',
+                 os.path.relpath(ckpt, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
+    results = run_forked(*({'argv': ['studies/merge_lora.py', f'--ckpt={ckpt}', f'--out={out}']} for out in spellings),
+                         {'argv': ['studies/merge_lora.py', f'--ckpt={ckpt}', f'--out={run / "merged.pt"}']})
+    for out_path, (rc, out) in zip(spellings, results):
+        assert rc == 1 and 'Traceback' not in out, out[-2000:]
+        assert last_line(out).startswith(f"error: out={out_path} is the input checkpoint {ckpt}: merging there would "
+                                         f"overwrite it"), last_line(out)
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == before
+    rc, out = results[-1]
+    assert rc == 0 and (run / 'merged.pt').is_file(), out[-2000:]
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == before
