@@ -402,7 +402,10 @@ def main():
                             'log': read_log(os.path.join(path, 'log.jsonl')) if it else []})
             all_maps.append(maps)
             print_table(entries[-1])
-    target = json_out or os.path.join(dirs[0] if dirs and os.path.isdir(dirs[0]) else '.', 'analysis.json')
+    if not entries:  # every run was skipped, each saying why above: nothing to write
+        raise SystemExit(f"error: none of the {len(dirs)} out_dir(s) could be analysed (each said why above); pass "
+                         f"--out_dir=DIR of a train.py run")
+    target = json_out or os.path.join(next((d for d in dirs if os.path.isdir(d)), '.'), 'analysis.json')
 
     def write_json(tmp):
         with open(tmp, 'w') as f:

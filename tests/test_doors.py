@@ -68,6 +68,7 @@ CASES = [
     ('studies/analyze.py', ['--out_dir=B', '--example=-1'], r"example=-1 must not be negative"),
     ('studies/analyze.py', ['--out_dir=B', '--example=9', '--batch_size=2'], r"example=9 must be below batch_size=2"),
     ('studies/analyze.py', ['--out_dir=,'], r"out_dir is empty; pass --out_dir=DIR"),
+    ('studies/analyze.py', ['--out_dir={d}/nowhere'], r"none of the 1 out_dir\(s\) could be analysed"),
     ('studies/analyze.py', ['--out_dir=B', '--json_out={d}/missing/a.json'], r"json_out=.*: its folder .* does not exist"),
     ('studies/analyze.py', ['--out_dir=B', '--json_out={d}'], r"json_out=.* is a folder"),
     ('studies/analyze.py', ['--out_dir=B', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder"),
