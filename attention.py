@@ -749,7 +749,7 @@ class MixAttention(Attention):
     Two attention layers side by side: causal softmax attention, and the rule `attention` names, each with its own
     q/k/v/out projections, mixed by a learned gate that starts at 0.8 for the softmax branch (mix=True). Trained from
     scratch with attention='krause' it is the Krause paper's language-model form; on a pretrained model
-    (pretrained.py) the softmax branch is the pretrained attention and the rule's branch a parallel shortcut that
+    (support/pretrained.py) the softmax branch is the pretrained attention and the rule's branch a parallel shortcut that
     starts as a copy of it. In the frame: project gives both branches' tensors, softmax's first; attend gives both
     per-head outputs side by side, (B, H, T, 2D); out projects each through its branch and gates them.
     """

@@ -23,7 +23,7 @@ class GPTConfig(AttentionConfig):
     tie_weights: bool = True  # share the token embedding with the output head
     drop_path: float = 0.0   # stochastic depth, linear over depth (ViT); 0 for the GPT
     gelu_approximate: str = 'none'  # the MLP's GELU: 'none' (exact) or 'tanh' (GPT-2's gelu_new: its weights want it)
-    lora_rank: int = 0       # LoRA (lora.py): rank of the update of each target Linear; 0: none. >0 freezes the rest
+    lora_rank: int = 0       # LoRA (below): rank of the update of each target Linear; 0: none. >0 freezes the rest
     lora_alpha: float = 32.0  # LoRA: the update is scaled by lora_alpha / lora_rank
     lora_dropout: float = 0.0  # LoRA: dropout on the update's input
     lora_targets: str = 'c_attn,c_proj,c_fc'  # LoRA: the Linears it adapts (attention q/k/v and out, the MLP's two)

@@ -5,7 +5,7 @@ $ python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples
 $ python sample.py --start=FILE:prompt.txt
 $ python sample.py --init_from=gpt2-xl --start="What is the answer to life, the universe, and everything?"
 
-A checkpoint fine-tuned with LoRA is sampled with its updates merged into the weights (lora.py).
+A checkpoint fine-tuned with LoRA is sampled with its updates merged into the weights (model.merge_lora).
 
 On a recall checkpoint (the default `python train.py`), with no --start, it shows recall episodes instead: the
 pairs, the queries, the model's answers beside the truth, and the accuracy.
@@ -34,7 +34,7 @@ from prepare.recall import make_examples
 from support.runtime import precision
 
 # -----------------------------------------------------------------------------
-init_from = 'resume'      # 'resume' (out_dir/ckpt.pt) or a base (pretrained.py): 'gpt2'..'gpt2-xl', a folder, a ckpt
+init_from = 'resume'      # 'resume' (out_dir/ckpt.pt), or a base (support/pretrained.py): gpt2.., a folder, a ckpt
 out_dir = 'out'
 start = "\n"              # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
 num_samples = 10          # number of samples to draw (recall: episodes to show)

@@ -45,7 +45,7 @@ wandb_project = 'attention-lab'
 wandb_run_name = 'run'
 always_save_checkpoint = True  # else only when val loss improves
 init_from = 'scratch'       # 'scratch', 'resume', 'auto' (resume if out_dir has ckpt.pt), or a base to fine-tune
-                            # (pretrained.py): 'gpt2' (-medium, -large, -xl), a folder in the Hub's layout, a ckpt.pt
+                            # (support/pretrained.py): 'gpt2' (-medium, -large, -xl), a Hub-layout folder, a ckpt.pt
 # data
 dataset = 'recall'          # a name in prepare.DATASETS
 data_dir = ''               # default: data/<dataset>
@@ -70,7 +70,7 @@ mlp_hidden = 0              # 0 means 4 * n_embd
 tie_weights = True
 drop_path = 0.0             # stochastic depth of the last block, linear from 0 at the first (the ViT recipes)
 gelu_approximate = 'none'   # the MLP's GELU: 'none' (exact) or 'tanh' (GPT-2's; a GPT-2 base sets it)
-# fine-tuning a base (init_from): LoRA trains low-rank updates of some Linears and freezes the rest (lora.py)
+# fine-tuning a base (init_from): LoRA trains low-rank updates of some Linears and freezes the rest (model.py)
 lora_rank = 0               # rank of each update; 0: no LoRA, every weight trains
 lora_alpha = 32.0           # the update is scaled by lora_alpha / lora_rank
 lora_dropout = 0.0          # dropout on the update's input
@@ -124,9 +124,9 @@ except ValueError as e:
     fail(e)
 kind = dataset_kind(dataset)  # 'text', 'examples', 'image' or 'pixels' (prepare.DATASETS): images train a ViT
 
-# a base to fine-tune (pretrained.py) is read, and this run's settings checked against it, before any folder is made
+# a base to fine-tune (support/pretrained.py) is read and this run's settings checked against it, before any work
 base, base_name = None, None if init_from in OWN_STARTS else init_from  # base_name: what a checkpoint records
-if init_from not in OWN_STARTS:  # checks.py refused a base for a ViT
+if init_from not in OWN_STARTS:  # support/checks.py refused a base for a ViT
     try:
         base = load_base(init_from)
         base_args = fine_tune_args(base, dataclass_values(GPTConfig, globals()), set_keys)  # vocab: the base's
@@ -156,7 +156,7 @@ if hellaswag:  # its rows before any data is prepared: a missing file stops the 
         fail(e)
 
 # -----------------------------------------------------------------------------
-# data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch (data.py)
+# data: prepared on rank 0 if missing (the other ranks wait), then read batch by batch (support/data.py)
 data_dir = config['data_dir'] = os.path.abspath(data_dir or default_data_dir(dataset))  # what the checkpoint records
 if master_process:
     try:

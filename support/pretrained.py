@@ -7,7 +7,7 @@ A base is one of:
   a folder in the Hub's layout                      config.json + model.safetensors of a GPT-2 (offline users, tests)
   a checkpoint of ours (path/to/ckpt.pt)            any GPT trained here, its LoRA merged if it has one
 
-The base fixes the model's shape; a fine-tune may set dropout, a shorter block_size, LoRA (lora.py) and, with
+The base fixes the model's shape; a fine-tune may set dropout, a shorter block_size, LoRA (model.py) and, with
 mix=True on a softmax base, a rule beside the pretrained attention in every layer (MixAttention): the pretrained
 attention becomes the softmax branch, the rule's branch starts with copies of its q/k/v/out projections, and the
 gate starts at 0.8 / 0.2 (the Krause paper's language-model fine-tune: attention='krause', krause_sigma=5.5,
