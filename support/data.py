@@ -217,6 +217,8 @@ class Batches:
             return self.image_batch(split, ix, augment_seed)
         try:
             x, y = self.read_batch(split, ix)
+        except DataChanged:  # file() said which file and how: not said again, worse
+            raise
         except (OSError, ValueError) as e:  # changed between the size check and the read
             why = (str(e).splitlines() or [''])[0][:150]
             self.changed(f"{self.data_dir} cannot be read ({type(e).__name__}: {why}): the data changed during the run")
