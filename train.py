@@ -40,6 +40,7 @@ log_interval = 10           # print the training loss every this many iterations
 eval_iters = 20             # batches per split in an evaluation
 eval_only = False           # evaluate once and exit
 eval_full = False           # with eval_only: one exact pass over every val example (text: every block_size window)
+eval_examples = 0           # eval_full: the first this many val examples only (0: all of them)
 wandb_log = False           # also log to Weights & Biases (wandb imported only when on)
 wandb_project = 'attention-lab'
 wandb_run_name = 'run'
@@ -183,8 +184,7 @@ train_generator = torch.Generator().manual_seed(seed)  # its state is the data p
 # model init: a ViT for images, a GPT otherwise; its number of classes or its vocabulary from the data
 ModelConfig, Model = (ViTConfig, ViT) if kind == 'image' else (GPTConfig, GPT)
 model_args = dataclass_values(ModelConfig, globals(), **batches.model_sizes)
-iter_num, best_val_loss, checkpoint = 0, 1e9, None
-ckpt_path = run.ckpt_path
+iter_num, best_val_loss, checkpoint, ckpt_path = 0, 1e9, None, run.ckpt_path
 if init_from == 'auto':  # what a restarted torchrun worker needs: go on from the checkpoint if there is one
     init_from = 'resume' if os.path.exists(ckpt_path) else 'scratch'
 if init_from == 'resume':
@@ -267,7 +267,7 @@ def evaluate_full():
     Batches.full_split_starts). Loss summed per target and divided by their count (so batch size does not matter);
     accuracy where the task has one."""
     model.eval()
-    starts = batches.full_split_starts('val')
+    starts = batches.full_split_starts('val')[:eval_examples or None]
     loss_sum, correct, counted = 0.0, 0, 0
     for ix in tqdm(list(starts.split(batch_size))[ddp_rank::ddp_world_size], desc='eval_full', unit='batch',
                    disable=not master_process, mininterval=2):  # a long pass shows where it is

@@ -19,7 +19,7 @@ from vit import ViTConfig
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
                 'log_interval', 'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs')  # sizes and intervals
 NOT_NEGATIVE = ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'num_classes', 'min_lr', 'weight_decay',
-                'grad_clip', 'mixup_alpha', 'cutmix_alpha')
+                'grad_clip', 'mixup_alpha', 'cutmix_alpha', 'eval_examples')
 GPT2_BPE = ('openwebtext', 'fineweb_edu', 'shakespeare')  # the datasets HellaSwag can score: GPT-2 BPE text
 BELOW_ONE = ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing')  # probabilities and decay rates, in [0, 1)
 VIT_KEYS = ('patch_size', 'num_classes', 'augment', 'mixup_alpha', 'cutmix_alpha', 'cutmix_prob',

@@ -137,15 +137,3 @@ def test_missing_harness_and_missing_files_are_one_line(tmp_path):
                      f'--hellaswag_source={tmp_path / "no.jsonl"}', '--device=cpu', check=False)
     assert out.strip().splitlines()[-1].startswith(f"error: hellaswag_source={tmp_path / 'no.jsonl'} is not a file")
     assert not (tmp_path / 'data').exists()
-
-
-def test_ablate_takes_a_column_per_harness_task(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
-    from studies import ablate
-    results = {'hellaswag_nanogpt': {'alias': 'hellaswag_nanogpt', 'acc,none': 0.3, 'acc_stderr,none': 0.01,
-                                     'acc_norm,none': 0.25},
-               'lambada_openai': {'perplexity,none': 40.5, 'acc,none': 0.2},
-               'text_rolling': {'word_perplexity,none': 99.0, 'bits_per_byte,none': 1.5}}
-    (tmp_path / 'harness.json').write_text(json.dumps({'results': results}))
-    assert ablate.harness_scores(tmp_path) == {'hellaswag_nanogpt': ('acc_norm', 0.25), 'lambada_openai': ('acc', 0.2),
-                                               'text_rolling': ('word_perplexity', 99.0)}
