@@ -76,15 +76,16 @@ BUDGETS = {
         'shortcut': f'{LORA} --max_iters=10 --lr_decay_iters=10 --eval_interval=10',
         'base': 'text', 'passkey_examples': 64, 'draw_batch': 2,
     },
-    'cpu': {  # the whole table in under two hours on 2 cores, one seed; the budgets of RESULTS.md's CPU sections
+    'cpu': {  # the whole table in under two hours on 2 cores, one seed; RESULTS.md's CPU recipes, some shortened
         'recall': CPU,  # the default job: 600 iterations of 256 sequences
         'text': f'config/shakespeare_char.py {CPU} --n_layer=4 --n_head=4 --n_embd=128 --block_size=64 --batch_size=12 '
-                '--dropout=0 --max_iters=2000 --lr_decay_iters=2000 --eval_iters=20',  # the baby GPT of the ablation
+                '--dropout=0 --max_iters=1000 --lr_decay_iters=1000 --eval_iters=20',  # the ablation's baby GPT, 1/2
         'passkey': f'config/passkey.py {CPU}',  # 500 iterations of 64 episodes of 64 tokens
-        'vit': f'config/softmax_vit.py {CPU} --n_layer=4 --n_head=4 --n_embd=128 --batch_size=64 --max_iters=400 '
-               '--lr_decay_iters=400 --warmup_iters=20 --eval_interval=400 --eval_iters=10',
-        'pixels': 'config/arm_cifar10_cpu_softmax.py --eval_examples=100',  # 60 steps; bits/dim of 100 test images
-        'shortcut': f'{LORA} --max_iters=500 --lr_decay_iters=500 --warmup_iters=20 --eval_interval=250',
+        'vit': f'config/softmax_vit.py {CPU} --n_layer=4 --n_head=4 --n_embd=128 --batch_size=64 --max_iters=200 '
+               '--lr_decay_iters=200 --warmup_iters=10 --eval_interval=200 --eval_iters=10',  # a quarter epoch
+        'pixels': 'config/arm_cifar10_cpu_softmax.py --max_iters=20 --lr_decay_iters=20 --warmup_iters=2 '
+                  '--eval_interval=20 --eval_examples=100',  # bits/dim of the first 100 test images
+        'shortcut': f'{LORA} --max_iters=300 --lr_decay_iters=300 --warmup_iters=20 --eval_interval=300',
         'base': 'text', 'passkey_examples': 500, 'draw_batch': 8,
     },
     'paper': {  # the seed papers' configs (a GPU's job; not run here)
