@@ -179,10 +179,12 @@ def run_dir(row, system, seed):
 
 
 def launch(script, args, log_path):
-    """A script of the repo in a process of its own, its output in log_path: (exit code, its last error: line)."""
-    with open(log_path, 'w') as f:
+    """A script of the repo in a process of its own, its output added to log_path: (exit code, its error: line)."""
+    with open(log_path, 'a') as f:  # a run stopped and started again keeps both attempts' output
+        start = f.tell()
         code = subprocess.run([sys.executable, script, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     with open(log_path) as f:
+        f.seek(start)
         errors = [line.strip() for line in f if line.startswith('error:')]
     return code, (errors[-1] if errors else f"error: {script} exited with code {code}")
 
@@ -234,15 +236,20 @@ def score_run(row, system, seed, arguments):
         metrics['val_acc'] = full['val_acc']
     if system == 'pixels':
         metrics['bits_per_dim'] = full['bits_per_dim']
-        metrics['draw_images_per_s'] = draw_speed(folder, plan['draw_batch'])
+        try:
+            metrics['draw_images_per_s'] = draw_speed(folder, plan['draw_batch'])
+        except (OSError, RuntimeError, ValueError) as e:
+            return {'error': f"error: drawing {plan['draw_batch']} images failed ({e})", 'log': log}
     return {'metrics': metrics, 'log': log}
 
 
 def draw_speed(folder, batch):
-    """Images per second drawn from a pixel model with its cache, `batch` images at once (support/images.py)."""
+    """Images per second drawn from a pixel model with its cache, `batch` images at once, on the device it trained on
+    (support/images.py; here in the lab's process)."""
     from support.checkpoint import load_run
     from support.images import timed_draw
-    model = load_run(folder, 'cuda' if 'cuda' in ' '.join(BUDGETS[budget]['pixels']) else 'cpu').model.eval()
+    run = load_run(folder, 'cpu')
+    model = run.model.to(run.config.get('device', 'cpu')).eval()
     return timed_draw(model, batch, batch, model.config.block_size + 1)[1]
 
 
