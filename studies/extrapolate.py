@@ -7,6 +7,7 @@ For each length L = m x block_size: num_tokens // L windows of the val split at 
 seed for every checkpoint), the mean loss over all positions ('all') and over the positions past the training
 length, block_size..L-1 ('beyond'). Learned position embeddings stop at block_size: those rows say so.
 With pos_emb 'rope' or 'none' the model runs at any length (RoPE's tables grow; see GPT.forward).
+--rope_scaling=ntk --rope_factor=4 evaluates the same weights with RoPE scaled (attention.Rotary), untrained.
 A passkey checkpoint (dataset=passkey, prepare/passkey.py) gets instead the answer accuracy per length on
 num_examples fresh episodes: per digit, and whole passkeys.
 """
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prepare import check_files
+from attention import ROPE_SCALINGS
 from support.checkpoint import load_run
 from support.checks import (check_device, check_dtype, check_folder, check_int_list, check_or_exit, check_ranges,
                             script_settings)
@@ -37,6 +39,8 @@ device = 'cpu'
 dtype = 'float32'
 num_examples = 500          # passkey: fresh episodes per length
 seed = 1337
+rope_scaling = ''           # RoPE scaling at evaluation ('none', 'linear', 'ntk'); '' keeps the checkpoint's
+rope_factor = 0.0           # its factor s; 0 keeps the checkpoint's
 json_out = False
 exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
@@ -49,7 +53,10 @@ def check_extrapolate_settings(c):
     if not c['out_dir']:
         raise ValueError("out_dir is empty; pass --out_dir=DIR of the run to evaluate (its ckpt.pt)")
     check_int_list(c, 'multiples', '1,2,4,8')
-    check_ranges(c, at_least_one=('num_tokens', 'batch_size', 'num_examples'))
+    check_ranges(c, at_least_one=('num_tokens', 'batch_size', 'num_examples'), not_negative=('rope_factor',))
+    if c['rope_scaling'] not in ('', *ROPE_SCALINGS):
+        raise ValueError(f"rope_scaling must be '', 'none', 'linear' or 'ntk', got {c['rope_scaling']!r}; pass e.g. "
+                         f"--rope_scaling=ntk --rope_factor=4")
     check_folder(c, 'data_dir', "the dataset the checkpoint was trained on")
 
 
@@ -89,9 +96,18 @@ def passkey_accuracy(model, task, L, ctx):
     return right.float().mean().item(), right.all(1).float().mean().item()
 
 
+def rope_name(cfg):
+    scaled = cfg.pos_emb == 'rope' and cfg.rope_scaling != 'none'
+    return f"pos_emb={cfg.pos_emb}" + (f" {cfg.rope_scaling}x{cfg.rope_factor:g}" if scaled else '')
+
+
 if __name__ == '__main__':
     device_type, ptdtype, ctx = precision(device, dtype)
-    run = load_run(out_dir, device)
+    scaling = {k: v for k, v in (('rope_scaling', rope_scaling), ('rope_factor', rope_factor)) if v}
+    try:
+        run = load_run(out_dir, device, **scaling)  # the checkpoint's weights with this scaling of RoPE
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if run.meta.get('kind') != 'text' and run.meta.get('dataset') != 'passkey':
         raise SystemExit(f"error: {out_dir} is not a text model; extrapolate.py evaluates a GPT on a token stream")
     model = run.model
@@ -103,7 +119,7 @@ if __name__ == '__main__':
                 print(f"{cfg.attention} {m}x T={L}: n/a (learned positions stop at block_size)")
                 continue
             digit, whole = passkey_accuracy(model, task, L, ctx)
-            row = dict(checkpoint=out_dir, model=f"{cfg.attention} pos_emb={cfg.pos_emb}", multiple=m, T=L,
+            row = dict(checkpoint=out_dir, model=f"{cfg.attention} {rope_name(cfg)}", multiple=m, T=L,
                        digit_acc=digit, passkey_acc=whole)
             print(json.dumps(row) if json_out else f"{row['model']:<24s} {m}x T={L:<6d} passkey accuracy {whole:.3f} "
                                                    f"(digits {digit:.3f})")
@@ -113,7 +129,7 @@ if __name__ == '__main__':
         meta, split_rows = check_files(dataset, data_dir)
     except ValueError as e:
         raise SystemExit(f"error: {e} (the checkpoint was trained on {dataset}; pass --data_dir=DIR of it)")
-    name = cfg.attention + ('-mix' if cfg.mix else '') + f" pos_emb={cfg.pos_emb}"
+    name = cfg.attention + ('-mix' if cfg.mix else '') + f" {rope_name(cfg)}"
     for m in [int(s) for s in str(multiples).split(',')]:
         L = m * cfg.block_size
         row = dict(checkpoint=out_dir, model=name, multiple=m, T=L)

@@ -38,12 +38,13 @@ def checkpoint_path(path):
     return path if os.path.isfile(path) or str(path).endswith('.pt') else os.path.join(path, 'ckpt.pt')
 
 
-def load_run(path, device='cpu', hint="train one first or pass --out_dir=DIR"):
+def load_run(path, device='cpu', hint="train one first or pass --out_dir=DIR", **model_args):
     """The one way from a checkpoint to a model: `path` an out_dir or a ckpt.pt -> Run(model, config, meta, data_dir,
     iter_num). The model is a ViT for an image dataset, else a GPT (prepare.dataset_kind), its LoRA updates merged
     (one Linear per target: the same function, faster). data_dir: config['data_dir'] where the run recorded one, else
-    its dataset's default folder (an older train.py recorded '' when none was typed). SystemExit with one `error:`
-    line (load_checkpoint's) where the checkpoint cannot be read."""
+    its dataset's default folder (an older train.py recorded '' when none was typed). model_args: settings that change
+    no weight, over the checkpoint's (extrapolate.py's rope_scaling); a bad one is a ValueError naming it. SystemExit
+    with one `error:` line (load_checkpoint's) where the checkpoint cannot be read."""
     checkpoint = load_checkpoint(checkpoint_path(path), device, hint)
     if not isinstance(checkpoint, dict) or 'model_args' not in checkpoint or 'model' not in checkpoint:
         raise SystemExit(f"error: {checkpoint_path(path)} holds no model_args and model: it is not a train.py "
@@ -51,7 +52,8 @@ def load_run(path, device='cpu', hint="train one first or pass --out_dir=DIR"):
     config, meta = checkpoint.get('config', {}), checkpoint.get('meta', {})
     dataset = config.get('dataset')
     image = dataset_kind(dataset) == 'image' if dataset else meta.get('kind') == 'image'
-    model = ViT(ViTConfig(**checkpoint['model_args'])) if image else GPT(GPTConfig(**checkpoint['model_args']))
+    args = {**checkpoint['model_args'], **model_args}
+    model = ViT(ViTConfig(**args)) if image else GPT(GPTConfig(**args))
     model.load_state_dict(checkpoint['model'])
     data_dir = config.get('data_dir') or (default_data_dir(dataset) if dataset else None)
     return Run(merge_lora(model).to(device).eval(), config, meta, data_dir, checkpoint.get('iter_num', 0))

@@ -29,8 +29,9 @@ GPT2_MODELS = {'gpt2': 'openai-community/gpt2', 'gpt2-medium': 'openai-community
 HUB_FILES = ('config.json', 'model.safetensors')
 OWN_STARTS = ('scratch', 'resume', 'auto')  # train.py's init_from values that are not a base
 GELU = {'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh', 'gelu': 'none'}  # GPT-2 config's activation -> ours
-# what a fine-tune sets itself (block_size only shorter); everything else of the model comes from the base
-FINE_TUNE_KEYS = ('dropout', 'flex', 'lora_rank', 'lora_alpha', 'lora_dropout', 'lora_targets')
+# what a fine-tune sets itself (block_size shorter, or longer with RoPE: an extension); the rest comes from the base
+FINE_TUNE_KEYS = ('dropout', 'flex', 'lora_rank', 'lora_alpha', 'lora_dropout', 'lora_targets', 'rope_scaling',
+                  'rope_factor')
 # and, where it adds a rule beside a softmax base (mix=True), that rule and its keys
 SHORTCUT_KEYS = ('attention', 'mix') + tuple(f.name for cls in (KrauseConfig, AttentionXConfig, TDAConfig,
                                                                 ClusterConfig) for f in fields(cls))

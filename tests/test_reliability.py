@@ -49,6 +49,12 @@ ROWS = {
     'krause_topk=999 before preparing': ('train.py --attention=krause --krause_topk=999 --dataset=shakespeare_char '
                                          '--data_dir={d}/never --data_source={d}/missing.txt',
                                          r"krause_topk must be in \[1, krause_window=32\], got 999"),
+    'rope_scaling=yarn before preparing': ('train.py --pos_emb=rope --rope_scaling=yarn --dataset=shakespeare_char '
+                                           '--data_dir={d}/never --data_source={d}/missing.txt',
+                                           r"rope_scaling must be 'none', 'linear' or 'ntk', got 'yarn'"),
+    'rope_factor=0': ('train.py --pos_emb=rope --rope_scaling=ntk --rope_factor=0', r"rope_factor=0.0 must be positive"),
+    'scaling learned positions': ('train.py --rope_scaling=ntk --rope_factor=4',
+                                  r"pos_emb='learned': learned absolute positions cannot be scaled; pass --pos_emb=rope"),
     'unknown characters': ('sample.py --out_dir={d}/ckpt_chars --start=ROMEO€_日本',
                            r"the prompt has 7 character\(s\) this model never saw: 'E' 'M' 'O' 'R' '€' '日' '本'; "
                            r"remove or replace them"),

@@ -1,0 +1,112 @@
+"""Long context: RoPE scaling (attention.Rotary: linear position interpolation and NTK-aware frequencies) against
+its formulas, in every layer and in generation, and its checks; an extension (a fine-tune at a longer block_size
+with a scaling) resumes exactly and records its scaling."""
+import math
+
+import pytest
+import torch
+
+from attention import AttentionConfig, Rotary, build_attention
+from conftest import iter_losses, run_forked
+from model import GPT, GPTConfig
+from support.checkpoint import load_run
+
+
+def rotate(x, angles):
+    """RoPE written out in float64: pairs (x_i, x_{i+D/2}) turned by angles (T, D/2)."""
+    half = x.size(-1) // 2
+    cos, sin = angles.cos(), angles.sin()
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+def test_ntk_frequencies_are_the_formula():
+    D, base, s, T = 16, 10000.0, 4.0, 50
+    rope = Rotary(D, T, base, 'ntk', s)
+    theta = base * s ** (D / (D - 2))  # NTK-aware: the base raised so the lowest frequency is interpolated by s
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), theta ** (-torch.arange(0, D, 2).double() / D))
+    torch.testing.assert_close(rope.cos.double(), angles.cos().repeat(1, 2), atol=2e-5, rtol=0)
+    torch.testing.assert_close(rope.sin.double(), angles.sin().repeat(1, 2), atol=2e-5, rtol=0)
+    # the highest frequency (i = 0) is kept, the lowest (i = D/2 - 1) is divided by s
+    inv = lambda b, i: b ** (-2 * i / D)
+    assert math.isclose(inv(theta, 0), 1.0)
+    assert math.isclose(inv(theta, D // 2 - 1), inv(base, D // 2 - 1) / s ** ((D - 2) / (D - 2)), rel_tol=1e-12)
+
+
+def test_linear_scaling_is_rope_at_positions_divided_by_s():
+    D, s, T = 8, 2.5, 30
+    x = torch.randn(2, 3, T, D, dtype=torch.float64)
+    positions = torch.arange(T, dtype=torch.float64) / s
+    angles = torch.outer(positions, 10000.0 ** (-torch.arange(0, D, 2).double() / D))
+    # the tables are float32 (Rotary.tables), so agreement is to float32 precision
+    torch.testing.assert_close(Rotary(D, T, scaling='linear', factor=s).double()(x), rotate(x, angles), atol=1e-5,
+                               rtol=0)
+    # at an offset and past its tables, as generation reads it
+    rope = Rotary(D, 4, scaling='linear', factor=s).double()
+    torch.testing.assert_close(rope(x[:, :, 20:21], offset=20), rotate(x, angles)[:, :, 20:21], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize('scaling', ['none', 'linear', 'ntk'])
+def test_factor_one_is_no_scaling(scaling):
+    plain, scaled = Rotary(16, 40), Rotary(16, 40, scaling=scaling, factor=1.0)
+    assert torch.equal(plain.cos, scaled.cos) and torch.equal(plain.sin, scaled.sin)
+    torch.manual_seed(0)
+    config = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=11, pos_emb='rope', attention='tda')
+    a = GPT(GPTConfig(**config)).eval()
+    b = GPT(GPTConfig(**config, rope_scaling=scaling, rope_factor=1.0)).eval()
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 11, (2, 16))
+    assert torch.equal(a(idx)[0], b(idx)[0])
+
+
+@pytest.mark.parametrize('attention', ['softmax', 'krause', 'tda', 'cluster'])
+@pytest.mark.parametrize('scaling', ['linear', 'ntk'])
+def test_cached_generation_equals_uncached_with_a_scaling(attention, scaling):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=12, vocab_size=13, pos_emb='rope',
+                          attention=attention, krause_window=4, krause_topk=2, cluster_chunk=4, cluster_m=3,
+                          rope_scaling=scaling, rope_factor=3.0)).double().eval()
+    prompt = torch.randint(0, 13, (2, 5))
+    cached = model.generate(prompt, 20, temperature=0)  # past block_size: the tables grow, scaled the same way
+    assert torch.equal(cached, model.generate(prompt, 20, temperature=0, use_cache=False))
+    plain = GPT(GPTConfig(**{**model.config.__dict__, 'rope_scaling': 'none', 'rope_factor': 1.0})).double().eval()
+    plain.load_state_dict(model.state_dict())
+    assert not torch.allclose(plain(prompt)[0], model(prompt)[0])  # the scaling is in use
+
+
+@pytest.mark.parametrize('kw, message', [
+    (dict(rope_scaling='yarn'), r"rope_scaling must be 'none', 'linear' or 'ntk', got 'yarn'; pass e.g."),
+    (dict(rope_scaling='ntk', rope_factor=0.0), r"rope_factor=0.0 must be positive"),
+    (dict(rope_scaling='ntk', rope_factor=-2.0), r"rope_factor=-2.0 must be positive"),
+    (dict(rope_scaling='linear', rope_factor=2.0, pos_emb='learned'),
+     r"pos_emb='learned': learned absolute positions cannot be scaled; pass --pos_emb=rope, or --rope_scaling=none"),
+])
+def test_bad_scalings_are_one_line_naming_the_key(kw, message):
+    config = AttentionConfig(**{**dict(n_embd=16, n_head=2, block_size=8, pos_emb='rope'), **kw})
+    with pytest.raises(ValueError, match=message):
+        build_attention(config, 0)
+
+
+def test_an_extension_fine_tune_resumes_exactly_after_a_kill(tmp_path):
+    # a RoPE model trained at 16 tokens, extended to 64 with NTK scaling (s = 4) by a fine-tune from its checkpoint
+    common = ['--dataset=passkey', '--device=cpu', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=16',
+              '--batch_size=8', '--pos_emb=rope', '--eval_iters=1', '--log_interval=1', '--warmup_iters=1',
+              '--dropout=0.1']
+    extend = [*common, '--block_size=64', '--rope_scaling=ntk', '--rope_factor=4', f'--data_dir={tmp_path / "pk64"}',
+              '--max_iters=8', '--lr_decay_iters=8', '--eval_interval=3']
+    runs = run_forked(
+        {'argv': ['train.py', *common, '--block_size=16', f'--data_dir={tmp_path / "pk16"}', '--max_iters=4',
+                  '--lr_decay_iters=4', f'--out_dir={tmp_path / "base"}'], 'kill': None},
+        {'argv': ['train.py', *extend, f'--init_from={tmp_path / "base" / "ckpt.pt"}', f'--out_dir={tmp_path / "a"}'],
+         'kill': None},
+        {'argv': ['train.py', *extend, f'--init_from={tmp_path / "base" / "ckpt.pt"}', f'--out_dir={tmp_path / "b"}'],
+         'kill': ['', 'save_checkpoint', 2]},  # killed as it saves at iteration 6: the one of iteration 3 is kept
+        {'argv': ['train.py', *extend, '--init_from=resume', f'--out_dir={tmp_path / "b"}'], 'kill': None})
+    (_, base), (_, straight), (killed_rc, _), (_, resumed) = runs
+    assert [rc for rc, _ in runs] == [0, 0, -9, 0], runs[-1][1][-2000:]
+    assert 'resuming from' in resumed and 'at iteration 3' in resumed
+    straight, resumed = iter_losses(straight), iter_losses(resumed)
+    assert min(resumed) == 3 and max(resumed) == 8 and {i: straight[i] for i in resumed} == resumed
+    run = load_run(str(tmp_path / 'b'))  # the checkpoint records the scaling: every script loads the same frequencies
+    assert (run.model.config.block_size, run.model.config.rope_scaling, run.model.config.rope_factor) == (64, 'ntk', 4)
+    assert run.model.transformer.h[0].attn.rope.scaling == 'ntk'
