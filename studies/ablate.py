@@ -271,7 +271,7 @@ def cell_run(row, system, seed, arguments):
         with open(path) as f:
             return json.load(f)
     if not train:
-        return {'error': 'not run yet (--train=False)', 'log': None}
+        return {'not_run': 'not run yet: pass --train=True'}
     failed = train_run(row, system, seed, arguments)
     if failed:
         return failed
@@ -396,9 +396,10 @@ def main():
     progress = tqdm(total=len(todo), initial=len(finished), unit='run', dynamic_ncols=True)  # its ETA: runs to go
     try:
         for row, system, seed in todo:
-            result = cell_run(row, system, seed, cells[row][system]['args'])
-            cell = cells[row][system]
-            if 'error' in result:
+            cell, result = cells[row][system], cell_run(row, system, seed, cells[row][system]['args'])
+            if 'not_run' in result:
+                cell.update(status='not run', why=result['not_run'])
+            elif 'error' in result:
                 cell.update(status='failed', why=f"{result['error']} (log: {result['log']})")
                 progress.write(f"{system} {row} seed {seed}: {result['error']}; see {result['log']}")
             else:
