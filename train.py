@@ -56,6 +56,7 @@ batch_size = 256            # micro-batch size per process
 block_size = 32             # tokens per sequence (text: the context length)
 recall_keys = 16            # recall task: key vocabulary, pairs per sequence (sequence length = block_size)
 recall_pairs = 4            # (recall_pairs <= recall_keys, 2 * recall_pairs < block_size)
+passkey_needles = '1'       # passkey task: passkeys per sequence, or counts each sequence draws from ('1,2,4')
 hellaswag = False           # GPT-2 BPE models: HellaSwag acc_norm at every evaluation
 hellaswag_source = ''       # a local hellaswag_val.jsonl instead of the download
 # model
@@ -145,8 +146,7 @@ if master_process:
           f"tokens per iteration will be: {tokens_per_iter:,}")
     run.open(lock=not eval_only)  # eval_only reads a checkpoint (written atomically): it takes no lock
 torch.manual_seed(seed + ddp_rank)  # dropout differs between processes
-torch.backends.cuda.matmul.allow_tf32 = True
-torch.backends.cudnn.allow_tf32 = True
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU runs in float32
 
 if hellaswag:  # its rows before any data is prepared: a missing file stops the run now, naming hellaswag_source

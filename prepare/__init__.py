@@ -35,7 +35,7 @@ DATASETS = {
     'shakespeare_char': ('shakespeare_char', 'text', None),
     'shakespeare': ('shakespeare', 'text', None),  # GPT-2 BPE: for fine-tuning GPT-2
     'recall': ('recall', 'examples', _recall_args),
-    'passkey': ('passkey', 'examples', lambda cfg: dict(seq_len=cfg['block_size'])),  # trained short, tested long
+    'passkey': ('passkey', 'examples', lambda cfg: dict(seq_len=cfg['block_size'], needles=cfg['passkey_needles'])),
     'openwebtext': ('openwebtext', 'text', _token_budget),
     'fineweb_edu': ('fineweb_edu', 'text', _token_budget),
     'cifar10': ('cifar', 'image', lambda cfg: dict(dataset='cifar10')),

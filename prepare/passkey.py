@@ -7,10 +7,14 @@ Filler is tokens 0..F-1, digits F..F+9, then KEY and QUERY. With F = 16, 4 digit
 
     f3 f9 KEY 7 0 2 5 f1 f12 f0 f8 f3 f3 f15 f2 f7 f9 f4 f11 f6 QUERY 7 0 2 5    (targets: the last 4 digits)
 
-Trained at one length (seq_len = block_size), tested at 2-8x that length by extrapolate.py --passkey=True:
-the answer is wherever the KEY was, however far back, which local windows can only reach through depth.
+Several needles (needles='1,2,4': each sequence draws its count from the list): each passkey behind its own KEY at
+random depths that do not overlap, and the question asks for all of them together, in the order they were hidden
+(QUERY, then every digit of the first, of the second, ...); a sequence with 1 needle is the task above, unchanged.
 
-$ python prepare/passkey.py [--seq_len=64 --digits=4 --data_dir=data/passkey]
+Trained at one length (seq_len = block_size), tested at 2-8x that length by studies/extrapolate.py: the answer is
+wherever the KEY was, however far back, which local windows can only reach through depth.
+
+$ python prepare/passkey.py [--seq_len=64 --digits=4 --needles=1 --data_dir=data/passkey]
 """
 import argparse
 import json
@@ -20,16 +24,38 @@ import numpy as np
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'passkey')
 FILLER = 16
+DIGITS = 4  # digits of a passkey (what train.py's passkey runs use)
 
 
 def vocab_size():
     return FILLER + 10 + 2  # filler, digits, KEY, QUERY
 
 
-def make_examples(n, seq_len, digits, seed):
-    """Return inputs x (n, seq_len) and targets y (n, seq_len), -1 except at the answer digits."""
-    if seq_len < 2 * digits + 3:
-        raise ValueError(f"passkey needs seq_len >= 2*digits + 3 = {2 * digits + 3}, got {seq_len}")
+def shortest(digits, needles):
+    """The shortest sequence that holds `needles` passkeys of `digits` digits, the question and its answer."""
+    return needles * (2 * digits + 1) + 2
+
+
+def parse_needles(needles, key='passkey_needles'):
+    """'1,2,4' -> [1, 2, 4]; ValueError naming the setting `key` unless whole numbers >= 1."""
+    try:
+        counts = [int(c) for c in str(needles).split(',')]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"{key}={needles!r} must be comma-separated whole numbers >= 1; pass e.g. --{key}=1,2,4")
+    return counts
+
+
+def make_examples(n, seq_len, digits, seed, needles=1):
+    """Return inputs x (n, seq_len) and targets y (n, seq_len), -1 except at the answer digits. needles: the count
+    of passkeys per sequence, or a list to draw each sequence's count from."""
+    counts = parse_needles(needles)
+    if seq_len < shortest(digits, max(counts)):
+        raise ValueError(f"passkey needs seq_len >= {shortest(digits, max(counts))} for {max(counts)} passkey(s) of "
+                         f"{digits} digits, got {seq_len}")
+    if counts != [1]:
+        return make_needles(n, seq_len, digits, seed, counts)
     KEY, QUERY = FILLER + 10, FILLER + 11
     rng = np.random.default_rng(seed)
     seq = rng.integers(0, FILLER, size=(n, seq_len + 1))                   # filler everywhere
@@ -43,17 +69,39 @@ def make_examples(n, seq_len, digits, seed):
     return x.astype(np.int16), y.astype(np.int16)
 
 
-def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=4, num_train=100_000, num_val=2_000, seed=0):
+def make_needles(n, seq_len, digits, seed, counts):
+    """make_examples with counts[r] passkeys in a sequence r, each behind its KEY at a random depth, none
+    overlapping, asked for together at the end in the order they were hidden."""
+    KEY, QUERY = FILLER + 10, FILLER + 11
+    rng = np.random.default_rng(seed)
+    x, y = np.empty((n, seq_len), np.int16), np.full((n, seq_len), -1, np.int16)
+    for r in range(n):
+        k = counts[rng.integers(len(counts))]
+        seq = rng.integers(0, FILLER, size=seq_len + 1)
+        keys = FILLER + rng.integers(0, 10, size=(k, digits))
+        room = seq_len + 1 - (k * digits + 1) - k * (digits + 1)  # free filler once every needle and the question fit
+        starts = np.sort(rng.integers(0, room + 1, size=k)) + np.arange(k) * (digits + 1)  # in order, apart
+        for start, key in zip(starts, keys):
+            seq[start:start + digits + 1] = [KEY, *key]
+        seq[-(k * digits + 1):] = [QUERY, *keys.reshape(-1)]
+        x[r], y[r, -k * digits:] = seq[:-1], seq[-k * digits:]
+    return x, y
+
+
+def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_train=100_000, num_val=2_000,
+            seed=0, needles='1'):
     """Write {train,val}_{x,y}.npy and meta.json; return at once if data_dir holds this exact task already."""
     if source:
         raise ValueError("the passkey task is generated in code; it takes no --source")
     task = dict(seq_len=seq_len, digits=digits, num_train=num_train, num_val=num_val, seed=seed)
+    if str(needles) != '1':  # a single needle's folders, from before needles existed, stay valid
+        task['needles'] = str(needles)
     meta_path = os.path.join(data_dir, 'meta.json')
     if os.path.exists(meta_path) and json.load(open(meta_path)).get('task') == task:
         return
     os.makedirs(data_dir, exist_ok=True)
     for split, n, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1)):
-        for name, arr in zip('xy', make_examples(n, seq_len, digits, split_seed)):
+        for name, arr in zip('xy', make_examples(n, seq_len, digits, split_seed, needles)):
             np.save(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), arr)
             os.replace(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), os.path.join(data_dir, f'{split}_{name}.npy'))
     meta = dict(dataset='passkey', kind='examples', encoding='tokens', vocab_size=vocab_size(), task=task)
@@ -66,6 +114,7 @@ if __name__ == '__main__':
     parser = argparse.ArgumentParser(description="passkey retrieval")
     for key, default in (('seq_len', 64), ('digits', 4), ('num_train', 100_000), ('num_val', 2_000), ('seed', 0)):
         parser.add_argument(f'--{key}', type=int, default=default)
+    parser.add_argument('--needles', default='1')
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
     prepare(args.pop('data_dir'), **args)

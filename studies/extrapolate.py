@@ -9,7 +9,9 @@ length, block_size..L-1 ('beyond'). Learned position embeddings stop at block_si
 With pos_emb 'rope' or 'none' the model runs at any length (RoPE's tables grow; see GPT.forward).
 --rope_scaling=ntk --rope_factor=4 evaluates the same weights with RoPE scaled (attention.Rotary), untrained.
 A passkey checkpoint (dataset=passkey, prepare/passkey.py) gets instead the answer accuracy per length on
-num_examples fresh episodes: per digit, and whole passkeys.
+num_examples fresh episodes: per digit, and whole answers; --needles=1,2,4 scores 1, 2 and 4 passkeys per episode
+(asked for together; a model trained with --passkey_needles=1,2,4 has seen each). A length whose forward would not
+fit the free memory is one error line before any is scored.
 """
 import json
 import os
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prepare import check_files
+from prepare.passkey import parse_needles, shortest
 from attention import ROPE_SCALINGS
 from support.checkpoint import load_run
 from support.checks import (check_device, check_dtype, check_folder, check_int_list, check_or_exit, check_ranges,
@@ -38,6 +41,7 @@ batch_size = 8
 device = 'cpu'
 dtype = 'float32'
 num_examples = 500          # passkey: fresh episodes per length
+needles = ''                # passkey: needle counts to score, each on its own ('1,2,4'); '' = those it trained on
 seed = 1337
 rope_scaling = ''           # RoPE scaling at evaluation ('none', 'linear', 'ntk'); '' keeps the checkpoint's
 rope_factor = 0.0           # its factor s; 0 keeps the checkpoint's
@@ -54,6 +58,8 @@ def check_extrapolate_settings(c):
         raise ValueError("out_dir is empty; pass --out_dir=DIR of the run to evaluate (its ckpt.pt)")
     check_int_list(c, 'multiples', '1,2,4,8')
     check_ranges(c, at_least_one=('num_tokens', 'batch_size', 'num_examples'), not_negative=('rope_factor',))
+    if c['needles']:
+        parse_needles(c['needles'], 'needles')
     if c['rope_scaling'] not in ('', *ROPE_SCALINGS):
         raise ValueError(f"rope_scaling must be '', 'none', 'linear' or 'ntk', got {c['rope_scaling']!r}; pass e.g. "
                          f"--rope_scaling=ntk --rope_factor=4")
@@ -82,18 +88,37 @@ def evaluate(model, batches, L, ctx):
 
 
 @torch.no_grad()
-def passkey_accuracy(model, task, L, ctx):
-    """(digit accuracy, whole-passkey accuracy) on num_examples fresh episodes of length L."""
+def passkey_accuracy(model, task, L, ctx, needles):
+    """(digit accuracy, whole-answer accuracy: every passkey right) on num_examples fresh episodes of length L, each
+    with `needles` passkeys asked for together."""
     from prepare.passkey import make_examples
-    x, y = (torch.from_numpy(a.astype(np.int64)).to(device) for a in make_examples(num_examples, L, task['digits'],
-                                                                                 seed + 1000 + L))
+    answer = needles * task['digits']
+    x, y = (torch.from_numpy(a.astype(np.int64)).to(device) for a in make_examples(
+        num_examples, L, task['digits'], seed + 1000 + L + (needles - 1) * 7919, needles))  # needles=1: as before
     right = []
     for i in range(0, num_examples, batch_size * 8):
         with ctx:
             logits, _ = model(x[i:i + batch_size * 8], y[i:i + batch_size * 8])
-        right.append((logits.argmax(-1) == y[i:i + batch_size * 8])[:, -task['digits']:])
+        right.append((logits.argmax(-1) == y[i:i + batch_size * 8])[:, -answer:])
     right = torch.cat(right)
     return right.float().mean().item(), right.all(1).float().mean().item()
+
+
+def check_memory(cfg, lengths, rows):
+    """SystemExit with one line where a forward of `rows` sequences at the longest length would not fit the memory
+    this machine has free: about 3 float32 (T, T) score tensors per head (the math path's worst case) and the
+    activations. Linux's MemAvailable; elsewhere nothing is checked."""
+    try:
+        with open('/proc/meminfo') as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemAvailable'))
+    except (OSError, StopIteration):
+        return
+    T = max(lengths)
+    need = rows * (3 * cfg.n_head * T * T + 20 * T * cfg.n_embd) * 4
+    if need > free and device == 'cpu':
+        raise SystemExit(f"error: multiples={multiples!r} reaches T={T}: a forward of {rows} sequences needs about "
+                         f"{need / 2**30:.1f} GiB, and this machine has {free / 2**30:.1f} GiB free; pass smaller "
+                         f"--multiples or --batch_size")
 
 
 def rope_name(cfg):
@@ -112,26 +137,33 @@ if __name__ == '__main__':
         raise SystemExit(f"error: {out_dir} is not a text model; extrapolate.py evaluates a GPT on a token stream")
     model = run.model
     cfg, task = model.config, run.meta.get('task')
+    lengths = [m * cfg.block_size for m in check_int_list({'multiples': multiples}, 'multiples', '1,2,4,8')]
     if run.meta['dataset'] == 'passkey':
-        for m in [int(s) for s in str(multiples).split(',')]:
-            L = m * cfg.block_size
-            if cfg.pos_emb == 'learned' and L > cfg.block_size:
-                print(f"{cfg.attention} {m}x T={L}: n/a (learned positions stop at block_size)")
-                continue
-            digit, whole = passkey_accuracy(model, task, L, ctx)
-            row = dict(checkpoint=out_dir, model=f"{cfg.attention} {rope_name(cfg)}", multiple=m, T=L,
-                       digit_acc=digit, passkey_acc=whole)
-            print(json.dumps(row) if json_out else f"{row['model']:<24s} {m}x T={L:<6d} passkey accuracy {whole:.3f} "
-                                                   f"(digits {digit:.3f})")
+        counts = parse_needles(needles or task.get('needles', '1'), 'needles')
+        if task['seq_len'] < shortest(task['digits'], max(counts)):
+            raise SystemExit(f"error: needles={needles!r}: {max(counts)} passkeys do not fit the {task['seq_len']} "
+                             f"tokens trained at; pass fewer --needles")
+        check_memory(cfg, lengths, batch_size * 8)
+        for k in counts:
+            for L in lengths:
+                if cfg.pos_emb == 'learned' and L > cfg.block_size:
+                    print(f"{cfg.attention} {L // cfg.block_size}x T={L}: n/a (learned positions stop at block_size)")
+                    continue
+                digit, whole = passkey_accuracy(model, task, L, ctx, k)
+                row = dict(checkpoint=out_dir, model=f"{cfg.attention} {rope_name(cfg)}", needles=k,
+                           multiple=L // cfg.block_size, T=L, digit_acc=digit, passkey_acc=whole)
+                print(json.dumps(row) if json_out else f"{row['model']:<24s} {k} needle(s) {row['multiple']}x "
+                                                       f"T={L:<6d} passkey accuracy {whole:.3f} (digits {digit:.3f})")
         raise SystemExit(0)
+    check_memory(cfg, lengths, batch_size)
     data_dir, dataset = data_dir or run.data_dir, run.config['dataset']
     try:
         meta, split_rows = check_files(dataset, data_dir)
     except ValueError as e:
         raise SystemExit(f"error: {e} (the checkpoint was trained on {dataset}; pass --data_dir=DIR of it)")
     name = cfg.attention + ('-mix' if cfg.mix else '') + f" {rope_name(cfg)}"
-    for m in [int(s) for s in str(multiples).split(',')]:
-        L = m * cfg.block_size
+    for L in lengths:
+        m = L // cfg.block_size
         row = dict(checkpoint=out_dir, model=name, multiple=m, T=L)
         if cfg.pos_emb == 'learned' and L > cfg.block_size:
             row['loss'] = row['beyond'] = None  # learned positions stop at block_size

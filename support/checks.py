@@ -13,6 +13,7 @@ from attention import check_attention_name
 from model import GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from
 from prepare import DATASETS, check_dataset_name, dataset_kind
+from prepare.passkey import DIGITS, parse_needles, shortest
 from support.runtime import check_attention_layers, dataclass_values
 from vit import ViTConfig
 
@@ -83,6 +84,11 @@ def check_train_config(config, world_size=1, set_keys=()):
         raise ValueError(f"recall_pairs={pairs} must be at most recall_keys={keys} and below block_size/2="
                          f"{block_size / 2:g} (the pairs, then queries); pass a smaller --recall_pairs or a larger "
                          f"--recall_keys or --block_size")
+    if c['dataset'] == 'passkey':  # trained short, tested long (studies/extrapolate.py)
+        counts = parse_needles(c['passkey_needles'])
+        if c['block_size'] < shortest(DIGITS, max(counts)):
+            raise ValueError(f"block_size={c['block_size']} cannot hold {max(counts)} passkeys and the question; pass "
+                             f"--block_size={shortest(DIGITS, max(counts))} or more, or fewer --passkey_needles")
     if c['dtype'] not in ('float32', 'bfloat16', 'float16'):
         raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{c['dtype']}'")
     if c['eval_full'] and not c['eval_only']:

@@ -1,7 +1,9 @@
 """Long context: RoPE scaling (attention.Rotary: linear position interpolation and NTK-aware frequencies) against
 its formulas, in every layer and in generation, and its checks; an extension (a fine-tune at a longer block_size
 with a scaling) resumes exactly and records its scaling."""
+import json
 import math
+import re
 
 import pytest
 import torch
@@ -110,3 +112,49 @@ def test_an_extension_fine_tune_resumes_exactly_after_a_kill(tmp_path):
     run = load_run(str(tmp_path / 'b'))  # the checkpoint records the scaling: every script loads the same frequencies
     assert (run.model.config.block_size, run.model.config.rope_scaling, run.model.config.rope_factor) == (64, 'ntk', 4)
     assert run.model.transformer.h[0].attn.rope.scaling == 'ntk'
+
+
+def test_needles_are_hidden_apart_and_asked_for_together_in_order():
+    from prepare.passkey import FILLER, make_examples
+    KEY, QUERY = FILLER + 10, FILLER + 11
+    x, y = make_examples(200, 48, 4, seed=3, needles='1,2,4')
+    counts = set()
+    for row, target in zip(x.tolist(), y.tolist()):
+        keys = [i for i, t in enumerate(row) if t == KEY]
+        k = len(keys)
+        counts.add(k)
+        assert row[len(row) - 4 * k] == QUERY  # then the answer: the last 4k targets
+        hidden = [row[i + 1:i + 5] for i in keys]  # the passkeys in the order they were hidden
+        assert all(d - k_ >= 5 for k_, d in zip(keys, keys[1:]))  # apart: KEY and 4 digits each
+        answer = [t for t in target if t != -1]
+        assert answer == sum(hidden, []) and target[-4 * k:] == answer
+        assert all(FILLER <= t < FILLER + 10 for t in answer)
+    assert counts == {1, 2, 4}
+
+
+def test_a_model_trained_on_needles_is_scored_per_count_and_length(tmp_path):
+    common = ['--dataset=passkey', '--device=cpu', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=16',
+              '--batch_size=8', '--pos_emb=rope', '--eval_iters=1', '--warmup_iters=1', '--block_size=24',
+              f'--data_dir={tmp_path / "pk"}', '--max_iters=3', '--lr_decay_iters=3', f'--out_dir={tmp_path / "run"}']
+    runs = run_forked(
+        {'argv': ['train.py', *common, '--passkey_needles=1,2'], 'kill': None},
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--multiples=1,2', '--num_examples=16',
+                  '--json_out=True', '--rope_scaling=ntk', '--rope_factor=2'], 'kill': None},
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--needles=4'], 'kill': None},
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--needles=0'], 'kill': None},
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--multiples=4000'], 'kill': None},
+        {'argv': ['train.py', *common, '--passkey_needles=1,x'], 'kill': None},
+        {'argv': ['train.py', *common, '--passkey_needles=4'], 'kill': None})
+    assert runs[0][0] == 0, runs[0][1][-2000:]
+    rows = [json.loads(line) for line in runs[1][1].splitlines() if line.startswith('{')]
+    assert [(r['needles'], r['multiple'], r['T']) for r in rows] == [(1, 1, 24), (1, 2, 48), (2, 1, 24), (2, 2, 48)]
+    assert all(0 <= r['passkey_acc'] <= r['digit_acc'] <= 1 for r in rows)
+    assert rows[0]['model'] == 'softmax pos_emb=rope ntkx2'  # the scaling given on the command line
+    last = [out.strip().splitlines()[-1] for _, out in runs[2:]]
+    assert last[0] == "error: needles='4': 4 passkeys do not fit the 24 tokens trained at; pass fewer --needles"
+    assert last[1].startswith("error: needles='0' must be comma-separated whole numbers >= 1; pass e.g. --needles=")
+    assert re.match(r"error: multiples='4000' reaches T=96000: a forward of 64 sequences needs about [\d.]+ GiB, and "
+                    r"this machine has [\d.]+ GiB free; pass smaller --multiples or --batch_size", last[2]), last[2]
+    assert last[3].startswith("error: passkey_needles='1,x' must be comma-separated whole numbers >= 1")
+    assert last[4] == ("error: block_size=24 cannot hold 4 passkeys and the question; pass --block_size=38 or more, "
+                       "or fewer --passkey_needles")
