@@ -4,11 +4,16 @@ Score a GPT checkpoint with EleutherAI's lm-evaluation-harness (lm_eval), any at
 $ python studies/harness.py --out_dir=DIR --tasks=hellaswag,arc_easy                 # harness tasks (their data: the hub)
 $ python studies/harness.py --out_dir=DIR --tasks=hellaswag_nanogpt --hellaswag_source=hellaswag_val.jsonl   # local tasks
 $ python studies/harness.py --out_dir=DIR --tasks=text_rolling --text_source=doc.txt  # rolling log-likelihood, perplexity
+$ python studies/harness.py --out_dir=DIR --tasks=quality_scrolls,contractnli_scrolls  # SCROLLS' multiple choice (hub)
 
 Writes the harness's results as DIR/harness.json and its table as DIR/harness.md. The local tasks (lm_tasks/):
 hellaswag_local (the harness's hellaswag over a local jsonl), hellaswag_nanogpt (hellaswag.py's strings: ctx + " " +
-ending) and text_rolling (a local txt, one document, or jsonl with a `text` column). The harness is an optional
-extra (requirements-extras.txt), imported only here; the scoring (GPTScorer) is plain PyTorch:
+ending), text_rolling (a local txt, one document, or jsonl with a `text` column), and quality_scrolls /
+contractnli_scrolls (SCROLLS' two multiple-choice tasks from the hub, or a local jsonl of its schema: id, pid, input,
+output; the harness's own scrolls_* tasks do not import beside transformers 5). SCROLLS' documents are long: a
+model sees the last block_size tokens of each prompt (the left crop below), so they measure long context only where
+block_size is long (an extension with --rope_scaling: docs/rules.md). The harness is an optional extra
+(requirements-extras.txt), imported only here; the scoring (GPTScorer) is plain PyTorch:
 - loglikelihood: context + continuation cropped from the left to block_size + 1 tokens, the last left out of the
   input (the harness's convention); an empty context is the EOT token. Batched, right-padded (the model is causal).
 - loglikelihood_rolling: the text after one EOT, in disjoint windows of block_size predicted tokens (the last
@@ -40,6 +45,7 @@ use_cache = True            # generate_until with the rule's KV cache; False rec
 include_path = ''           # a folder of your own task YAMLs, beside lm_tasks/
 hellaswag_source = ''       # a local hellaswag_val.jsonl, for hellaswag_local and hellaswag_nanogpt
 text_source = ''            # a local txt (one document) or jsonl (`text` column), for text_rolling
+scrolls_source = ''         # a local jsonl of SCROLLS' schema for quality_scrolls, contractnli_scrolls ('': the hub)
 bootstrap_iters = 100000    # the harness's bootstrap for the stderr of perplexities; 0 skips it
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -48,6 +54,7 @@ dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported
 TASKS_DIR = Path(__file__).resolve().parent / 'lm_tasks'
 LOCAL_TASKS = {'hellaswag_local': 'hellaswag_source', 'hellaswag_nanogpt': 'hellaswag_source',
                'text_rolling': 'text_source'}  # local task -> the key that names its file
+SCROLLS_TASKS = ('quality_scrolls', 'contractnli_scrolls')  # lm_tasks/: the hub, or --scrolls_source
 
 
 class GPTScorer:
@@ -199,7 +206,7 @@ def check_harness_settings(c):
         key = LOCAL_TASKS.get(name)
         if key and not c[key]:
             raise ValueError(f"task {name} reads a local file: pass --{key}=PATH")
-    for key in ('hellaswag_source', 'text_source', 'include_path'):
+    for key in ('hellaswag_source', 'text_source', 'scrolls_source', 'include_path'):
         if c[key] and not os.path.exists(c[key]):
             raise ValueError(f"{key}={c[key]} does not exist; pass the path of an existing "
                              f"{'folder of task YAMLs' if key == 'include_path' else 'file'}")
@@ -255,9 +262,9 @@ def main():
                          "requirements-extras.txt (lm-eval==0.4.13)")
     torch.manual_seed(seed)
     paths = [str(TASKS_DIR)] + ([include_path] if include_path else [])
-    metadata = {'hellaswag_source': os.path.abspath(hellaswag_source) if hellaswag_source else '',
-                'text_source': os.path.abspath(text_source) if text_source else ''}
-    local_only = all(name in LOCAL_TASKS for name in names)  # then the harness's own 200+ folders are not scanned
+    metadata = {key: os.path.abspath(globals()[key]) if globals()[key] else ''
+                for key in ('hellaswag_source', 'text_source', 'scrolls_source')}
+    local_only = all(name in LOCAL_TASKS or name in SCROLLS_TASKS for name in names)  # the harness's 200+ unscanned
     manager = TaskManager(include_path=paths, include_defaults=not local_only, metadata=metadata)
     unknown = [name for name in names if name not in manager.all_tasks and not os.path.exists(name)]
     if unknown:  # before the model is loaded; a task's data is fetched later, by the harness

@@ -3,6 +3,7 @@ log-likelihoods equal hellaswag.py's, its rolling log-likelihood equals train.py
 windows, its answers do not depend on the batch size or the KV cache, and every kind of rule goes through it."""
 import json
 import math
+import re
 import sys
 from importlib.util import find_spec
 
@@ -137,3 +138,49 @@ def test_missing_harness_and_missing_files_are_one_line(tmp_path):
                      f'--hellaswag_source={tmp_path / "no.jsonl"}', '--device=cpu', check=False)
     assert out.strip().splitlines()[-1].startswith(f"error: hellaswag_source={tmp_path / 'no.jsonl'} is not a file")
     assert not (tmp_path / 'data').exists()
+
+
+QUALITY = [  # SCROLLS' schema (id, pid, input, output), as tau/scrolls ships it; two rows of one id are one question
+    {'id': 'q1', 'pid': 'q1_0', 'input': 'Which colour is the door?\n\n (A) red (B) blue (C) green (D) black\n\nThe '
+     'house had a blue door and a red roof, and the garden was green all year.', 'output': 'blue'},
+    {'id': 'q1', 'pid': 'q1_1', 'input': 'Which colour is the door?\n\n (A) red (B) blue (C) green (D) black\n\nThe '
+     'house had a blue door and a red roof, and the garden was green all year.', 'output': 'blue'},
+    {'id': 'q2', 'pid': 'q2_0', 'input': 'Who rang the bell?\n\n (A) a cat (B) the baker (C) nobody (D) the king\n\n'
+     'In the morning the baker rang the bell twice and left the bread at the door.', 'output': 'the baker'},
+]
+CONTRACT = [
+    {'id': 'c1', 'pid': 'c1_0', 'input': 'The tenant may keep pets.\n\nThe tenant shall not keep animals of any kind '
+     'in the flat.', 'output': 'Contradiction'},
+    {'id': 'c2', 'pid': 'c2_0', 'input': 'The contract ends in May.\n\nPayment is due on the first day of each month.',
+     'output': 'Not mentioned'},
+    {'id': 'c3', 'pid': 'c3_0', 'input': 'Payment is monthly.\n\nThe rent is paid every month, in advance.',
+     'output': 'Entailment'},
+]
+
+
+@needs_harness
+def test_scrolls_through_the_harness_offline_on_rows_the_test_writes(run, tmp_path):
+    from studies import harness
+    root, _ = run
+    s = scorer(harness.load_bpe_run(str(root / 'out' / 'ckpt.pt')).model, batch_size=4)
+    for task, rows in (('quality_scrolls', QUALITY), ('contractnli_scrolls', CONTRACT)):
+        path = tmp_path / f'{task}.jsonl'
+        path.write_text(''.join(json.dumps(row) + '\n' for row in rows))
+        out = run_script('studies/harness.py', f'--out_dir={root / "out"}', f'--tasks={task}',
+                         f'--scrolls_source={path}', '--bootstrap_iters=0', '--device=cpu')
+        result = json.loads((root / 'out' / 'harness.json').read_text())['results'][task]
+        # the same questions by hand: prompt and choices as SCROLLS' paper writes them, each choice's log-likelihood
+        questions = {row['id']: row for row in rows}.values()
+        correct = 0
+        for row in questions:
+            question, text = row['input'].split('\n\n', 1)
+            if task == 'quality_scrolls':
+                options, text = text.split('\n\n', 1)
+                choices = [c.strip() for c in re.split(r' *\([A-D]\) *', options)[1:]]
+                prompt = f"{text.strip()}\n\nQuestion: {question}\nAnswer:"
+            else:
+                choices = ['Not mentioned', 'Entailment', 'Contradiction']
+                prompt = f"{text}\n\nHypothesis: {question}\nConclusion:"
+            lls = [ll for ll, _ in s.loglikelihood([(prompt, ' ' + c) for c in choices])]
+            correct += int(max(range(len(choices)), key=lls.__getitem__) == choices.index(row['output']))
+        assert result['sample_len'] == len(questions) and result['acc,none'] == correct / len(questions), out
