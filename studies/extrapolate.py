@@ -9,9 +9,9 @@ length, block_size..L-1 ('beyond'). Learned position embeddings stop at block_si
 With pos_emb 'rope' or 'none' the model runs at any length (RoPE's tables grow; see GPT.forward).
 --rope_scaling=ntk --rope_factor=4 evaluates the same weights with RoPE scaled (attention.Rotary), untrained.
 A passkey checkpoint (dataset=passkey, prepare/passkey.py) gets instead the answer accuracy per length on
-num_examples fresh episodes: per digit, and whole answers; --needles=1,2,4 scores 1, 2 and 4 passkeys per episode
-(asked for together; a model trained with --passkey_needles=1,2,4 has seen each). A length whose forward would not
-fit the free memory is one error line before any is scored.
+num_examples fresh episodes: per digit, whole answers, and the loss on the answer digits; --needles=1,2,4 scores
+1, 2 and 4 passkeys per episode (asked for together; a model trained with --passkey_needles=1,2,4 has seen each).
+A length whose forward would not fit the free memory is one error line before any is scored.
 """
 import json
 import os
@@ -89,19 +89,21 @@ def evaluate(model, batches, L, ctx):
 
 @torch.no_grad()
 def passkey_accuracy(model, task, L, ctx, needles):
-    """(digit accuracy, whole-answer accuracy: every passkey right) on num_examples fresh episodes of length L, each
-    with `needles` passkeys asked for together."""
+    """(digit accuracy, whole-answer accuracy: every passkey right, loss on the answer digits) on num_examples fresh
+    episodes of length L, each with `needles` passkeys asked for together."""
     from prepare.passkey import make_examples
     answer = needles * task['digits']
     x, y = (torch.from_numpy(a.astype(np.int64)).to(device) for a in make_examples(
         num_examples, L, task['digits'], seed + 1000 + L + (needles - 1) * 7919, needles))  # needles=1: as before
-    right = []
+    right, losses = [], []
     for i in range(0, num_examples, batch_size * 8):
         with ctx:
             logits, _ = model(x[i:i + batch_size * 8], y[i:i + batch_size * 8])
-        right.append((logits.argmax(-1) == y[i:i + batch_size * 8])[:, -answer:])
+        logits, target = logits[:, -answer:].float(), y[i:i + batch_size * 8, -answer:]  # (b, answer, V), (b, answer)
+        right.append(logits.argmax(-1) == target)
+        losses.append(F.cross_entropy(logits.transpose(1, 2), target, reduction='none'))
     right = torch.cat(right)
-    return right.float().mean().item(), right.all(1).float().mean().item()
+    return right.float().mean().item(), right.all(1).float().mean().item(), torch.cat(losses).mean().item()
 
 
 def check_memory(cfg, lengths, rows):
@@ -149,11 +151,12 @@ if __name__ == '__main__':
                 if cfg.pos_emb == 'learned' and L > cfg.block_size:
                     print(f"{cfg.attention} {L // cfg.block_size}x T={L}: n/a (learned positions stop at block_size)")
                     continue
-                digit, whole = passkey_accuracy(model, task, L, ctx, k)
+                digit, whole, loss = passkey_accuracy(model, task, L, ctx, k)
                 row = dict(checkpoint=out_dir, model=f"{cfg.attention} {rope_name(cfg)}", needles=k,
-                           multiple=L // cfg.block_size, T=L, digit_acc=digit, passkey_acc=whole)
+                           multiple=L // cfg.block_size, T=L, digit_acc=digit, passkey_acc=whole, loss=loss)
                 print(json.dumps(row) if json_out else f"{row['model']:<24s} {k} needle(s) {row['multiple']}x "
-                                                       f"T={L:<6d} passkey accuracy {whole:.3f} (digits {digit:.3f})")
+                                                       f"T={L:<6d} passkey accuracy {whole:.3f} (digits {digit:.3f}, "
+                                                       f"answer loss {loss:.4f})")
         raise SystemExit(0)
     check_memory(cfg, lengths, batch_size)
     data_dir, dataset = data_dir or run.data_dir, run.config['dataset']

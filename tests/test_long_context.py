@@ -148,7 +148,7 @@ def test_a_model_trained_on_needles_is_scored_per_count_and_length(tmp_path):
     assert runs[0][0] == 0, runs[0][1][-2000:]
     rows = [json.loads(line) for line in runs[1][1].splitlines() if line.startswith('{')]
     assert [(r['needles'], r['multiple'], r['T']) for r in rows] == [(1, 1, 24), (1, 2, 48), (2, 1, 24), (2, 2, 48)]
-    assert all(0 <= r['passkey_acc'] <= r['digit_acc'] <= 1 for r in rows)
+    assert all(0 <= r['passkey_acc'] <= r['digit_acc'] <= 1 and 0 < r['loss'] < 10 for r in rows)
     assert rows[0]['model'] == 'softmax pos_emb=rope ntkx2'  # the scaling given on the command line
     last = [out.strip().splitlines()[-1] for _, out in runs[2:]]
     assert last[0] == "error: needles='4': 4 passkeys do not fit the 24 tokens trained at; pass fewer --needles"
