@@ -36,6 +36,7 @@ from support.runtime import precision
 out_dir = 'out'
 data_dir = ''               # default: the checkpoint's own data_dir (else its dataset's default folder)
 multiples = '1,2,4,8'
+lengths = ''                # token lengths instead of multiples ('64,128,256,512': a model extended to 256 at 64 too)
 num_tokens = 65536          # val tokens per length
 batch_size = 8
 device = 'cpu'
@@ -57,6 +58,8 @@ def check_extrapolate_settings(c):
     if not c['out_dir']:
         raise ValueError("out_dir is empty; pass --out_dir=DIR of the run to evaluate (its ckpt.pt)")
     check_int_list(c, 'multiples', '1,2,4,8')
+    if c['lengths']:
+        check_int_list(c, 'lengths', '64,128,256,512', at_least=2)
     check_ranges(c, at_least_one=('num_tokens', 'batch_size', 'num_examples'), not_negative=('rope_factor',))
     if c['needles']:
         parse_needles(c['needles'], 'needles')
@@ -106,7 +109,7 @@ def passkey_accuracy(model, task, L, ctx, needles):
     return right.float().mean().item(), right.all(1).float().mean().item(), torch.cat(losses).mean().item()
 
 
-def check_memory(cfg, lengths, rows):
+def check_memory(cfg, sizes, rows):
     """SystemExit with one line where a forward of `rows` sequences at the longest length would not fit the memory
     this machine has free: about 3 float32 (T, T) score tensors per head (the math path's worst case) and the
     activations. Linux's MemAvailable; elsewhere nothing is checked."""
@@ -115,12 +118,17 @@ def check_memory(cfg, lengths, rows):
             free = next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemAvailable'))
     except (OSError, StopIteration):
         return
-    T = max(lengths)
+    T = max(sizes)
     need = rows * (3 * cfg.n_head * T * T + 20 * T * cfg.n_embd) * 4
     if need > free and device == 'cpu':
-        raise SystemExit(f"error: multiples={multiples!r} reaches T={T}: a forward of {rows} sequences needs about "
+        setting = f"lengths={lengths!r}" if lengths else f"multiples={multiples!r}"
+        raise SystemExit(f"error: {setting} reaches T={T}: a forward of {rows} sequences needs about "
                          f"{need / 2**30:.1f} GiB, and this machine has {free / 2**30:.1f} GiB free; pass smaller "
-                         f"--multiples or --batch_size")
+                         f"--{setting.split('=')[0]} or --batch_size")
+
+
+def multiple(L, cfg):  # L / block_size: a whole number where it is one
+    return L // cfg.block_size if L % cfg.block_size == 0 else L / cfg.block_size
 
 
 def rope_name(cfg):
@@ -139,34 +147,36 @@ if __name__ == '__main__':
         raise SystemExit(f"error: {out_dir} is not a text model; extrapolate.py evaluates a GPT on a token stream")
     model = run.model
     cfg, task = model.config, run.meta.get('task')
-    lengths = [m * cfg.block_size for m in check_int_list({'multiples': multiples}, 'multiples', '1,2,4,8')]
+    sizes = ([int(n) for n in str(lengths).split(',')] if lengths else
+               [m * cfg.block_size for m in check_int_list({'multiples': multiples}, 'multiples', '1,2,4,8')])
     if run.meta['dataset'] == 'passkey':
         counts = parse_needles(needles or task.get('needles', '1'), 'needles')
-        if task['seq_len'] < shortest(task['digits'], max(counts)):
-            raise SystemExit(f"error: needles={needles!r}: {max(counts)} passkeys do not fit the {task['seq_len']} "
-                             f"tokens trained at; pass fewer --needles")
-        check_memory(cfg, lengths, batch_size * 8)
+        if min(task['seq_len'], min(sizes)) < shortest(task['digits'], max(counts)):
+            raise SystemExit(f"error: needles={needles!r}: {max(counts)} passkeys do not fit "
+                             f"{min(task['seq_len'], min(sizes))} tokens (the trained length, or the shortest of "
+                             f"--lengths); pass fewer --needles or longer --lengths")
+        check_memory(cfg, sizes, batch_size * 8)
         for k in counts:
-            for L in lengths:
+            for L in sizes:
                 if cfg.pos_emb == 'learned' and L > cfg.block_size:
-                    print(f"{cfg.attention} {L // cfg.block_size}x T={L}: n/a (learned positions stop at block_size)")
+                    print(f"{cfg.attention} {multiple(L, cfg):g}x T={L}: n/a (learned positions stop at block_size)")
                     continue
                 digit, whole, loss = passkey_accuracy(model, task, L, ctx, k)
                 row = dict(checkpoint=out_dir, model=f"{cfg.attention} {rope_name(cfg)}", needles=k,
-                           multiple=L // cfg.block_size, T=L, digit_acc=digit, passkey_acc=whole, loss=loss)
-                print(json.dumps(row) if json_out else f"{row['model']:<24s} {k} needle(s) {row['multiple']}x "
+                           multiple=multiple(L, cfg), T=L, digit_acc=digit, passkey_acc=whole, loss=loss)
+                print(json.dumps(row) if json_out else f"{row['model']:<24s} {k} needle(s) {row['multiple']:g}x "
                                                        f"T={L:<6d} passkey accuracy {whole:.3f} (digits {digit:.3f}, "
                                                        f"answer loss {loss:.4f})")
         raise SystemExit(0)
-    check_memory(cfg, lengths, batch_size)
+    check_memory(cfg, sizes, batch_size)
     data_dir, dataset = data_dir or run.data_dir, run.config['dataset']
     try:
         meta, split_rows = check_files(dataset, data_dir)
     except ValueError as e:
         raise SystemExit(f"error: {e} (the checkpoint was trained on {dataset}; pass --data_dir=DIR of it)")
     name = cfg.attention + ('-mix' if cfg.mix else '') + f" {rope_name(cfg)}"
-    for L in lengths:
-        m = L // cfg.block_size
+    for L in sizes:
+        m = multiple(L, cfg)
         row = dict(checkpoint=out_dir, model=name, multiple=m, T=L)
         if cfg.pos_emb == 'learned' and L > cfg.block_size:
             row['loss'] = row['beyond'] = None  # learned positions stop at block_size
@@ -180,4 +190,4 @@ if __name__ == '__main__':
         else:
             fmt = lambda x: 'n/a (learned positions)' if x is None and row['loss'] is None else (
                 '-' if x is None else f"{x:.4f}")
-            print(f"{name:<24s} {m}x T={L:<6d} val loss {fmt(row['loss'])}  beyond block_size {fmt(row['beyond'])}")
+            print(f"{name:<24s} {m:g}x T={L:<6d} val loss {fmt(row['loss'])}  beyond block_size {fmt(row['beyond'])}")

@@ -140,6 +140,8 @@ def test_a_model_trained_on_needles_is_scored_per_count_and_length(tmp_path):
         {'argv': ['train.py', *common, '--passkey_needles=1,2'], 'kill': None},
         {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--multiples=1,2', '--num_examples=16',
                   '--json_out=True', '--rope_scaling=ntk', '--rope_factor=2'], 'kill': None},
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--lengths=12,60', '--needles=1',
+                  '--num_examples=4', '--json_out=True'], 'kill': None},
         {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--needles=4'], 'kill': None},
         {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--needles=0'], 'kill': None},
         {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "run"}', '--multiples=4000'], 'kill': None},
@@ -150,8 +152,11 @@ def test_a_model_trained_on_needles_is_scored_per_count_and_length(tmp_path):
     assert [(r['needles'], r['multiple'], r['T']) for r in rows] == [(1, 1, 24), (1, 2, 48), (2, 1, 24), (2, 2, 48)]
     assert all(0 <= r['passkey_acc'] <= r['digit_acc'] <= 1 and 0 < r['loss'] < 10 for r in rows)
     assert rows[0]['model'] == 'softmax pos_emb=rope ntkx2'  # the scaling given on the command line
-    last = [out.strip().splitlines()[-1] for _, out in runs[2:]]
-    assert last[0] == "error: needles='4': 4 passkeys do not fit the 24 tokens trained at; pass fewer --needles"
+    rows = [json.loads(line) for line in runs[2][1].splitlines() if line.startswith('{')]
+    assert [(r['T'], r['multiple']) for r in rows] == [(12, 0.5), (60, 2.5)]  # lengths, not multiples
+    last = [out.strip().splitlines()[-1] for _, out in runs[3:]]
+    assert last[0] == ("error: needles='4': 4 passkeys do not fit 24 tokens (the trained length, or the shortest of "
+                       "--lengths); pass fewer --needles or longer --lengths")
     assert last[1].startswith("error: needles='0' must be comma-separated whole numbers >= 1; pass e.g. --needles=")
     assert re.match(r"error: multiples='4000' reaches T=96000: a forward of 64 sequences needs about [\d.]+ GiB, and "
                     r"this machine has [\d.]+ GiB free; pass smaller --multiples or --batch_size", last[2]), last[2]
