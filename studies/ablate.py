@@ -352,13 +352,16 @@ def plots(cells, row_names, system_names):
     import matplotlib.pyplot as plt
     written = []
     for system in system_names:
-        for key, label, _ in METRICS[system]:
+        for key, label, digits in METRICS[system]:
             names = [r for r in row_names if cells[r][system]['status'] == 'ok']
             if not names:
                 continue
             values = [np.mean([run['metrics'][key] for run in cells[r][system]['seeds'].values()]) for r in names]
             fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(names), 3.2))
-            ax.bar(names, values, color=[f'C{row_names.index(r)}' for r in names])
+            bars = ax.bar(names, values, color=[f'C{row_names.index(r)}' for r in names])
+            ax.bar_label(bars, fmt=f'%.{digits}f', fontsize=7)
+            if key in ('val_loss', 'bits_per_dim'):  # a loss: the differences, not the distance from zero
+                ax.set_ylim(0.98 * min(values), 1.01 * max(values))
             ax.set_title(f"{system}: {label} (budget {budget})", fontsize=9)
             ax.tick_params(axis='x', labelrotation=45, labelsize=8)
             fig.tight_layout()
