@@ -112,7 +112,8 @@ ROWS = {
             'vit': 'n/a: the mix form adds a causal softmax branch (GPT systems)',
             'shortcut': 'n/a: every shortcut is a mix form beside the base softmax (the krause row is this one)'},
     'window': {'causal': '--attention=softmax --window=32', 'pixels': '--attention=softmax --window=256',
-               'vit': 'n/a: the sliding window is causal and 1-D (GPT systems)'},
+               'vit': 'n/a: the sliding window is causal and 1-D (GPT systems)',
+               'shortcut': "n/a: a window is the base softmax's own shape (window=0), which a fine-tune keeps"},
 }
 
 
