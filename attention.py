@@ -66,22 +66,24 @@ class Attention(nn.Module):
         self.rope = (Rotary(self.head_dim, config.block_size, config.rope_base, config.rope_scaling, config.rope_factor)
                      if config.pos_emb == 'rope' else None)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, masks=None):  # masks: this layer's flex_masks, when the model built them
         tensors = self.project(x, 0 if cache is None else cache.pos)
         if cache is not None and cache.pos:  # generation: one new token against what the cache holds
             if x.size(1) != 1:
                 raise ValueError(f"a filled cache takes one token at a time, got {x.size(1)}; prefill a new cache")
             return self.out(self.decode(*tensors, cache=cache))
-        y = self.path(x.is_cuda)(*tensors)
+        y = self.attend_flex(*tensors, masks=masks) if self.uses_flex(x.device) else self.path()(*tensors)
         if cache is not None:  # prefill: the prompt computed as in training, then its state into the cache
             self.fill(cache, *tensors)
         return self.out(y)
 
-    def path(self, on_cuda=False):
-        """The one place a path is chosen; each computes the same function: attend_flex (flex_attention) with
-        flex=True on CUDA, else attend_fused (SDPA) where the rule has it (fused), else attend, the math path."""
-        if self.flex and on_cuda:
-            return self.attend_flex
+    def uses_flex(self, device):
+        """The one place flex is chosen: flex=True on a device in FLEX_DEVICES (CUDA; the tests add the CPU)."""
+        return self.flex and device.type in FLEX_DEVICES
+
+    def path(self):
+        """What forward runs off flex, each the same function: attend_fused (SDPA) where the rule has it (fused),
+        else attend, the math path."""
         return self.attend_fused if self.fused else self.attend
 
     def project(self, x, offset=0):  # offset: the absolute position of x's first token (generation)
@@ -96,8 +98,14 @@ class Attention(nn.Module):
     def out(self, y):
         return self.resid_dropout(self.c_proj(merge_heads(y)))
 
-    def attend_flex(self, *tensors):  # has_flex: the same function as attend, through flex_attention
+    def attend_flex(self, *tensors, masks=None):  # has_flex: the same function as attend, through flex_attention
         raise NotImplementedError(f"{type(self).__name__} has no flex path; set flex=False")
+
+    def flex_masks(self, T, device):
+        """What attend_flex needs that depends only on the shape (a BlockMask; Krause adds its pre-pass's mask), each
+        built once per shape and cached. The model builds every layer's before the compiled graph (flex_masks, below)
+        and hands them in: a graph would not see the cache and would rebuild them in every layer at every call."""
+        return block_mask(self.mask_mod, T, device)
 
     def init_extra(self):  # runs after the model's init (N(0, 0.02) Linears): a rule's own init goes here
         pass
@@ -176,9 +184,9 @@ class SoftmaxAttention(Attention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(self.mask_mod, T, q.device),
                                               dropout_p=dropout_p)  # any other mask (AttentionX's off-diagonal)
 
-    def attend_flex(self, q, k, v):
+    def attend_flex(self, q, k, v, masks=None):
         # flex has no attention-weight dropout; the residual dropout in `out` still applies
-        return run_flex(q, k, v, block_mask=block_mask(self.mask_mod, q.size(2), q.device))
+        return run_flex(q, k, v, block_mask=self.flex_masks(q.size(2), q.device) if masks is None else masks)
 
     def new_cache(self):  # every key and value (grows with the context), or a ring of the last `window` (constant)
         return KVCache(self.window or None)
@@ -297,21 +305,44 @@ class KrauseAttention(Attention):
         """The same function through a dense T×T matrix, as the official code computes it (bench.py's reference)."""
         return self.dense_weights(q, k)[0] @ v
 
-    def attend_flex(self, q, k, v):
+    def attend_flex(self, q, k, v, masks=None):
         # flex computes exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask; the top k enter as a per-row
-        # boundary found by a pre-pass on the band (no gradient), halfway between the k-th and (k+1)-th score, so
-        # flex's own rounding of a score does not move it across. No dropout on the weights, as for softmax.
-        T = q.size(2)
-        with torch.no_grad():
-            boundary = (self.dense_weights if self.grid else self.band_weights)(q, k)[1]  # (B, H, T)
+        # boundary from a no-grad pre-pass on the scores alone, halfway between the k-th and (k+1)-th, so flex's own
+        # rounding of a score does not move it across. Nothing the score_mod captures needs a gradient: it adds the
+        # detached bias, and the bias's gradient (Σ_i ∂L/∂score_ij) reaches σ and k through one more column, 1 in
+        # q′ and bias - bias.detach() (exactly 0) in k′. No dropout on the weights, as for softmax.
+        block, prepass_mask = self.flex_masks(q.size(2), q.device) if masks is None else masks
         q_scaled, key_bias = self.rbf_terms(q, k)
+        bias = key_bias.detach()                                                        # (B, H, T)
+        boundary = self.topk_boundaries(q_scaled.detach(), k.detach(), bias, prepass_mask)  # (B, H, T)
+        q_aug = torch.cat([q_scaled, torch.ones_like(q[..., :1])], -1)                  # (B, H, T, D + 1)
+        k_aug = torch.cat([k, (key_bias - bias).unsqueeze(-1)], -1)                     # (B, H, T, D + 1)
 
         def krause_score(score, b, h, q_idx, kv_idx):
-            score = score + key_bias[b, h, kv_idx]
+            score = score + bias[b, h, kv_idx]
             return torch.where(score >= boundary[b, h, q_idx], score, float('-inf'))
 
-        return run_flex(q_scaled, k, v, score_mod=krause_score,
-                        block_mask=block_mask(self.mask_mod, T, q.device), scale=1.0)
+        return run_flex(q_aug, k_aug, v, score_mod=krause_score, block_mask=block, scale=1.0)
+
+    def flex_masks(self, T, device):  # the BlockMask, and the pre-pass's mask: on the band (1-D), every pair (ViT)
+        if self.grid:
+            return block_mask(self.mask_mod, T, device), dense_mask(self.mask_mod, T, device)
+        _, tile, lookback = band_layout(self.krause_window, T)
+        return block_mask(self.mask_mod, T, device), band_mask(self.mask_mod, T, tile, lookback, device)
+
+    @torch.no_grad()
+    def topk_boundaries(self, q_scaled, k, key_bias, mask):
+        """Each row's top-k boundary (B, H, T) from the scores alone (no softmax, dropout or weights): 1-D on the
+        band, keys as a strided view (no band copy) and one selection among the W slots a row reaches; the ViT on
+        every pair (65 tokens)."""
+        if self.grid:
+            scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)                  # (B, H, T, T)
+            return topk_boundary(scores.masked_fill(~mask, float('-inf')), self.topk)[..., 0]
+        T = q_scaled.size(2)
+        W, tile, lookback = band_layout(self.krause_window, T)
+        scores = band_queries(q_scaled, tile) @ band_view(k, tile, lookback)                 # (B, H, n, tile, tile+lookback)
+        scores = (scores + band_view(key_bias.unsqueeze(-1), tile, lookback)).masked_fill(~mask, float('-inf'))
+        return unband(topk_boundary(band_strip(scores, W), self.topk), T)[..., 0]
 
     def new_cache(self):  # a ring of the last krause_window keys and values: constant memory for ever
         if self.grid:
@@ -356,7 +387,9 @@ def topk_boundary(x, k):
         with torch.no_grad():
             both = np.partition(x.detach().numpy(), (n - k - 1, n - k), axis=-1)
         return (torch.from_numpy(both[..., n - k:n - k + 1]) + torch.from_numpy(both[..., n - k - 1:n - k])) / 2
-    return (kth_largest(x, k) + kth_largest(x, k + 1)) / 2
+    with torch.no_grad():
+        top = x.topk(k + 1, dim=-1).values  # one selection: the k-th and (k+1)-th are its last two
+    return (top[..., k - 1:k] + top[..., k:]) / 2
 
 
 # -----------------------------------------------------------------------------
@@ -412,8 +445,8 @@ class AttentionX(SoftmaxAttention):
     def attend_fused(self, q, k, v):
         return self.discrepancy(v, super().attend_fused(q, k, v))
 
-    def attend_flex(self, q, k, v):
-        return self.discrepancy(v, super().attend_flex(q, k, v))
+    def attend_flex(self, q, k, v, masks=None):
+        return self.discrepancy(v, super().attend_flex(q, k, v, masks))
 
     def decode(self, q, k, v, cache):  # softmax's cache (all keys, or the window's ring); the diagonal is kept
         return self.discrepancy(v, super().decode(q, k, v, cache))
@@ -488,6 +521,7 @@ class ThresholdDifferentialAttention(Attention):
         if self.differential:
             self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
         self.head_norm = nn.RMSNorm(self.head_dim, eps=config.tda_eps)
+        self.mask_mod = causal_mask if self.causal else None  # after the threshold (weights); flex's BlockMask
 
     def threshold(self, T, device, start=0):
         """τ per query, (T,): τ_i on the 0-based position i = start..start+T-1; without causality one τ for all,
@@ -520,26 +554,33 @@ class ThresholdDifferentialAttention(Attention):
         y = torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, self.causal)], 2)
         return self.head_norm(y)  # (B, H, T, D)
 
-    def attend_flex(self, *tensors):
+    def attend_flex(self, *tensors, masks=None):
+        # One flex call, the views side by side on the head axis. τ enters through the queries, so nothing the
+        # score_mod captures needs a gradient: with d_i = τ_i (1 where τ_i = 0) and q̃_i = q̂_i / d_i,
+        # s_ij - τ_i = d_i (q̃_i·k̂_j - t_i), t_i = 1 where τ_i > 0 else 0, and the row factor d_i^p leaves the sum:
+        # Σ_j a_ij v_j = d_i^p · Σ_j relu(q̃_i·k̂_j - t_i)^p v_j = d_i^p · y_i · exp(lse_i), y flex's softmax-weighted
+        # mean under exp(score_mod) = relu(q̃·k̂ - t)^p. β's gradient reaches q̃ and d_i as any tensor's does. A row with
+        # no survivors: y = 0, exp(lse) = 0. λ is applied outside flex.
         *qk, v = tensors
-        qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
-        tau, p, floor = self.threshold(T, v.device), self.p, self.log_floor
-        mask = block_mask(causal_mask if self.causal else None, T, v.device)
+        B, H, T, D = v.shape
+        views, p, floor = len(qk) // 2, self.p, self.log_floor
+        tau = self.threshold(T, v.device)                                        # (T,)
+        passed = tau > 0
+        d, t = torch.where(passed, tau, torch.ones_like(tau)), passed.to(v.dtype)  # (T,) each; t needs no gradient
+        q = torch.cat([F.normalize(x, dim=-1) for x in qk[0::2]], 1) / d.to(v.dtype)[:, None]  # (B, views·H, T, D)
+        k = torch.cat([F.normalize(x, dim=-1) for x in qk[1::2]], 1)
 
-        # β reaches flex as the (T,) tensor τ indexed by q_idx, a learnable bias flex differentiates; a captured 0-dim
-        # scalar is what has failed (pytorch#145208, attention-gym#171). λ is applied outside flex.
-        def threshold_score(score, b, h, q_idx, kv_idx):  # log relu(s - τ_i)^p; -inf (weight 0) below τ
-            excess = score - tau[q_idx]
+        def threshold_score(score, b, h, q_idx, kv_idx):  # log relu(q̃·k̂ - t_i)^p; -inf (weight 0) at or below
+            excess = score - t[q_idx]
             return torch.where(excess > 0, p * torch.log(excess.clamp_min(floor)), float('-inf'))
 
-        def view(q, k):  # Σ_j a_ij v_j = (softmax-weighted mean) · Σ_j a_ij; a row with no survivors: 0 · 0
-            y, aux = run_flex(q, k, v, score_mod=threshold_score, block_mask=mask, scale=1.0,
-                              return_aux=AuxRequest(lse=True))
-            return y * aux.lse.exp().unsqueeze(-1)
-        y = view(qk[0], qk[1])
+        y, aux = run_flex(q, k, v.repeat(1, views, 1, 1), score_mod=threshold_score, scale=1.0,
+                          block_mask=self.flex_masks(T, v.device) if masks is None else masks,
+                          return_aux=AuxRequest(lse=True))
+        y = (y * (aux.lse + p * torch.log(d)).exp().unsqueeze(-1)).view(B, views, H, T, D)  # Σ_j a_ij v_j per view
         if self.differential:
-            y = y - torch.sigmoid(self.lambda_logit) * view(qk[2], qk[3])
-        return self.head_norm(y.to(v.dtype))
+            return self.head_norm((y[:, 0] - torch.sigmoid(self.lambda_logit) * y[:, 1]).to(v.dtype))
+        return self.head_norm(y[:, 0].to(v.dtype))
 
     def new_cache(self):  # every normalised key of each view and every value: grows with the context
         return KVCache()
@@ -785,8 +826,11 @@ class MixAttention(Attention):
     def attend_fused(self, q, k, v, *rule_tensors):  # each branch as forward would run it alone
         return torch.cat([self.softmax.attend_fused(q, k, v), self.rule.path()(*rule_tensors)], -1)
 
-    def attend_flex(self, q, k, v, *rule_tensors):
-        return torch.cat([self.softmax.attend_flex(q, k, v), self.rule.attend_flex(*rule_tensors)], -1)
+    def attend_flex(self, q, k, v, *rule_tensors, masks=None):  # the softmax branch through SDPA: flash on a GPU
+        return torch.cat([self.softmax.attend_fused(q, k, v), self.rule.attend_flex(*rule_tensors, masks=masks)], -1)
+
+    def flex_masks(self, T, device):  # the rule's: the softmax branch runs SDPA
+        return self.rule.flex_masks(T, device)
 
     def new_cache(self):  # the softmax branch's (every key unless `window`: grows) beside the rule's own
         return CacheGroup(self.softmax.new_cache(), self.rule.new_cache())
@@ -943,6 +987,15 @@ def block_mask(mask_mod, T, device):
     return create_block_mask(mask_mod, None, None, T, T, device=device)
 
 
+@torch.compiler.disable  # run eagerly, before the compiled graph: a graph cannot see block_mask's cache
+def build_flex_masks(layers, T, device):
+    """Each layer's flex_masks for T tokens (attention modules, in order), or None where no layer runs flex. A model
+    calls it once per forward and hands each layer its own: built once per shape, whatever the layers and calls."""
+    if not any(attn.uses_flex(device) for attn in layers):
+        return None
+    return [attn.flex_masks(T, device) if attn.uses_flex(device) else None for attn in layers]
+
+
 @lru_cache(maxsize=64)
 def dense_mask(mask_mod, T, device):
     """The (T, T) bool of `mask_mod`, True where query i sees key j: the same named function a BlockMask is built
@@ -950,6 +1003,9 @@ def dense_mask(mask_mod, T, device):
     modify it in place."""
     position = torch.arange(T, device=device)
     return mask_mod(None, None, position.view(-1, 1), position)
+
+
+FLEX_DEVICES = ('cuda',)  # where flex=True runs attend_flex (Attention.uses_flex); elsewhere SDPA or the math path
 
 
 def run_flex(q, k, v, **kwargs):
@@ -996,6 +1052,11 @@ def band_keys(x, tile, lookback):  # (B, H, T, D) -> (B, H, n, tile + lookback, 
     # lookback zero keys in front, so tile 0 looks back too
     tiles = F.pad(x, (0, 0, lookback, n * tile - T)).view(B, H, n + lookback // tile, tile, D)
     return ShiftedTiles.apply(tiles, lookback // tile + 1)
+
+
+def band_view(x, tile, lookback):  # (B, H, T, D) -> (B, H, n, D, tile + lookback): band_keys transposed, a view
+    n = cdiv(x.size(2), tile)
+    return F.pad(x, (0, 0, lookback, n * tile - x.size(2))).unfold(2, tile + lookback, tile)
 
 
 class ShiftedTiles(torch.autograd.Function):

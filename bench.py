@@ -11,6 +11,12 @@ Every attention config key (attention.AttentionConfig) is a flag. --flex=True ti
 (`attend_dense`) where it has one. --mode=model times a whole GPT train step (tokens/s) instead.
 Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's resident set (Linux only).
 
+--mode=pace: the rule's attention alone (forward+backward) and its whole GPT train step (tokens/s), each beside
+causal flash softmax (SDPA) in the same run, with peak memory; --profile=True adds each case's top operations
+(torch.profiler, one step after the timing). The flex paths on a GPU, e.g.:
+$ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_layer=12 --n_head=12 --n_embd=768 \
+      --bias=False --batch=12 --seq_lens=1024,4096,8192 --profile=True
+
 --mode=generate: decoding with the KV cache (GPT.generate). For each context length T, the ms per new token of a
 GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside full softmax in the same run:
 $ python bench.py --mode=generate --attention=krause --krause_window=32 --pos_emb=rope --n_layer=6 --n_embd=384 \
@@ -37,7 +43,8 @@ from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults,
                              precision)
 
 # -----------------------------------------------------------------------------
-mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'generate' (decode), 'images'
+mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'pace' (both, beside
+                            # flash softmax), 'generate' (decode), 'images'
 seq_lens = '1024,4096,8192'
 batch = 1
 n_head = 8
@@ -51,14 +58,15 @@ backward = True             # forward+backward; flex on CPU is always forward on
 repeats = 5
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'
-compile = False             # model mode: torch.compile the model (CUDA)
+compile = False             # model and pace modes: torch.compile the model (CUDA)
+profile = False             # pace mode: print each case's top operations (torch.profiler)
 json_out = False
 seed = 1337
 globals().update(dataclass_defaults(AttentionConfig, globals()))
 sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json_out=') for a in sys.argv]  # reads better
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
-MODES = ('attention', 'model', 'generate', 'images')
+MODES = ('attention', 'model', 'pace', 'generate', 'images')
 
 
 def check_bench_settings(c):
@@ -67,7 +75,7 @@ def check_bench_settings(c):
     check_device(c['device'])
     check_dtype(c['dtype'])
     if c['mode'] not in MODES:
-        raise ValueError(f"mode must be 'attention', 'model', 'generate' or 'images', got '{c['mode']}'")
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got '{c['mode']}': pass e.g. --mode=attention")
     lengths = check_int_list(c, 'seq_lens', '1024,4096')
     check_ranges(c, at_least_one=('batch', 'n_head', 'n_embd', 'n_layer', 'vocab_size', 'decode_tokens', 'repeats'))
     if c['image_tokens'] < 2:
@@ -197,27 +205,69 @@ def bench_attention():
         report({**row, 'vs_softmax': row['ms'] / base_ms[row['T']]})
 
 
+def model_case(T, **overrides):
+    """(model, step): a GPT of the settings (and overrides) for T tokens, and a closure running one train step."""
+    model = GPT(GPTConfig(**dataclass_values(GPTConfig, globals(), block_size=T, vocab_size=50304, **overrides)))
+    model = model.to(device)
+    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if is_cuda else 'cpu')
+    step_model = torch.compile(model) if compile and is_cuda else model
+    ctx = precision(device, dtype)[2]
+    idx = torch.randint(50257, (batch, T + 1), device=device)
+
+    def step():
+        with ctx:
+            _, loss = step_model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model, step
+
+
 def bench_model():
     cases, models = [], []
     for T in [int(s) for s in str(seq_lens).split(',')]:
-        model = GPT(GPTConfig(**dataclass_values(GPTConfig, globals(), block_size=T, vocab_size=50304))).to(device)
-        optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if is_cuda else 'cpu')
-        step_model = torch.compile(model) if compile and is_cuda else model
-        ctx = precision(device, dtype)[2]
-        idx = torch.randint(50257, (batch, T + 1), device=device)
-
-        def step(step_model=step_model, optimizer=optimizer, ctx=ctx, idx=idx):
-            with ctx:
-                _, loss = step_model(idx[:, :-1], idx[:, 1:])
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        model, step = model_case(T)
         cases.append((dict(attention=attention, path='model', T=T, device=device), step))
         models.append(model)
     peak = peak_flops(device)
     for row, model in zip(measure(cases, warmup=2), models):
         mfu = model.estimate_mfu(batch, row['ms'] / 1000, peak) if peak else None
         report({**row, 'vs_softmax': None, 'tokens_per_s': batch * row['T'] / row['ms'] * 1000, 'mfu': mfu})
+
+
+def bench_pace():
+    """Per length: flash softmax and the rule, attention alone and the whole model, in one run; ratios to softmax."""
+    softmax = dict(attention='softmax', window=0, mix=False, flex=False)
+    name = attention + ('-mix' if mix else '') + (' flex' if flex and is_cuda else '')
+    for T in [int(s) for s in str(seq_lens).split(',')]:
+        cases = []
+        for label, overrides in (('softmax sdpa', softmax), (name, {})):
+            module = build_attention(attention_config(block_size=T, causal=True, **overrides), 0).to(device, ptdtype)
+            attend = module.attend_flex if module.uses_flex(torch.device(device)) else module.path()
+            cases.append((dict(attention=label, path='attend', T=T, device=device), attention_case(module, attend, T)))
+            cases.append((dict(attention=label, path='model', T=T, device=device), model_case(T, **overrides)[1]))
+        rows = measure(cases, warmup=2)
+        for row in rows:
+            base = next(r for r in rows if r['path'] == row['path'])  # softmax's row of the same kind
+            row = {**row, 'vs_softmax': row['ms'] / base['ms']}
+            if row['path'] == 'model':
+                row['tokens_per_s'] = batch * T / row['ms'] * 1000
+            report(row)
+        if profile:
+            for row, fn in cases:
+                print_profile(f"{row['attention']} {row['path']} T={T}", fn)
+
+
+def print_profile(title, fn):
+    """The top operations of one run of fn by their own time (CUDA kernels on a GPU): where a path's time goes."""
+    from torch.profiler import ProfilerActivity, profile as profiler
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_cuda else [])
+    with profiler(activities=activities) as prof:
+        fn()
+        if is_cuda:
+            torch.cuda.synchronize()
+    print(f"\n{title}\n" + prof.key_averages().table(
+        sort_by='self_cuda_time_total' if is_cuda else 'self_cpu_time_total', row_limit=10))
 
 
 @torch.no_grad()
@@ -284,4 +334,5 @@ def bench_images():
                   f"{row['peak_mib']:.1f} MiB")
 
 
-{'attention': bench_attention, 'model': bench_model, 'generate': bench_generate, 'images': bench_images}[mode]()
+{'attention': bench_attention, 'model': bench_model, 'pace': bench_pace, 'generate': bench_generate,
+ 'images': bench_images}[mode]()

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import Attention, AttentionConfig, CacheGroup, MixAttention, build_attention
+from attention import Attention, AttentionConfig, CacheGroup, MixAttention, build_attention, build_flex_masks
 
 
 @dataclass
@@ -94,8 +94,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop_path = DropPath(config.drop_path * layer_idx / max(1, config.n_layer - 1))
 
-    def forward(self, x, cache=None):  # cache: this layer's generation state (Attention.new_cache), or None
-        x = x + self.drop_path(self.attn(self.ln_1(x), cache))
+    def forward(self, x, cache=None, masks=None):  # cache: this layer's generation state; masks: its flex masks
+        x = x + self.drop_path(self.attn(self.ln_1(x), cache, masks))
         x = x + self.drop_path(self.mlp(self.ln_2(x)))
         return x
 
@@ -226,8 +226,9 @@ class GPT(nn.Module):
         if self.transformer.wpe is not None:
             x = x + self.transformer.wpe(torch.arange(start, start + t, dtype=torch.long, device=idx.device))
         x = self.transformer.drop(x)
+        masks = build_flex_masks([block.attn for block in self.transformer.h], t, idx.device)  # None off flex
         for i, block in enumerate(self.transformer.h):
-            x = block(x, None if cache is None else cache.layers[i])
+            x = block(x, None if cache is None else cache.layers[i], None if masks is None else masks[i])
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import AttentionConfig
+from attention import AttentionConfig, build_flex_masks
 from model import GPT, Block, LayerNorm, configure_adamw, init_rules
 
 
@@ -69,8 +69,9 @@ class ViT(nn.Module):
         x = self.patch_embed(x).flatten(2).transpose(1, 2)              # (B, g², C)
         x = torch.cat((self.cls_token.expand(x.size(0), -1, -1), x), 1)  # (B, T, C)
         x = self.drop(x + self.pos_embed)
-        for block in self.h:
-            x = block(x)
+        masks = build_flex_masks([block.attn for block in self.h], x.size(1), x.device)  # None off flex
+        for i, block in enumerate(self.h):
+            x = block(x, None, None if masks is None else masks[i])
         logits = self.head(self.ln_f(x[:, 0]))                          # (B, num_classes), from the CLS token
         if targets is None:
             return logits, None

@@ -50,7 +50,7 @@ CASES = [
     ('bench.py', [*SMALL, '--mode=generate', '--vocab_size=0'], r"vocab_size=0 must be at least 1"),
     ('bench.py', [*SMALL, '--mode=images', '--image_tokens=1'], r"image_tokens=1 must be at least 2"),
     ('bench.py', [*SMALL, '--attention=nope'], r"unknown attention 'nope'"),
-    ('bench.py', [*SMALL, '--mode=xyz'], r"mode must be 'attention', 'model', 'generate' or 'images', got 'xyz'"),
+    ('bench.py', [*SMALL, '--mode=xyz'], r"mode must be one of attention, model, pace, generate, images; got 'xyz'"),
     ('studies/extrapolate.py', ['--out_dir=B', '--multiples=1,x'], r"multiples='1,x' must be comma-separated"),
     ('studies/extrapolate.py', ['--out_dir=B', '--multiples=0'], r"multiples='0' must be .* at least 1"),
     ('studies/extrapolate.py', ['--out_dir=B', '--num_tokens=0'], r"num_tokens=0 must be at least 1"),

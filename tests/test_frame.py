@@ -153,3 +153,16 @@ def test_bench_times_the_krause_mix_form():
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
     assert [(r['attention'], r['path'], r['T']) for r in rows] == [('softmax', 'sdpa', 96), ('krause', 'math', 96)]
     assert rows[1]['ms'] > 0
+
+
+def test_bench_pace_puts_the_rule_beside_softmax_alone_and_in_the_model():
+    out = run_script('bench.py', '--mode=pace', '--attention=tda', '--seq_lens=48', '--repeats=1', '--n_layer=1',
+                     '--n_embd=32', '--n_head=2', '--batch=2', '--profile=True', '--json')
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
+    assert [(r['attention'], r['path']) for r in rows] == [('softmax sdpa', 'attend'), ('softmax sdpa', 'model'),
+                                                           ('tda', 'attend'), ('tda', 'model')]
+    assert [r['vs_softmax'] for r in rows[:2]] == [1.0, 1.0]
+    for softmax, rule in zip(rows[:2], rows[2:]):
+        assert rule['vs_softmax'] == pytest.approx(rule['ms'] / softmax['ms']) and rule['peak_mib'] >= 0
+    assert rows[3]['tokens_per_s'] == pytest.approx(2 * 48 / rows[3]['ms'] * 1000)
+    assert out.count('Self CPU time total') == 4  # a profile per case
