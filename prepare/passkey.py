@@ -88,6 +88,43 @@ def make_needles(n, seq_len, digits, seed, counts):
     return x, y
 
 
+# The same test in English, for a language model with GPT-2's tokens (the form TDA's paper scores at 4,000 tokens,
+# after Mohtashami & Jaggi 2023): passkeys of TEXT_DIGITS digits hidden between repeated filler sentences.
+TEXT_FILLER = ('The grass is green.', 'The sky is blue.', 'The sun is yellow.', 'Here we go.', 'There and back again.')
+TEXT_DIGITS = 5
+
+
+def make_text_examples(encode, n, seq_len, seed, needles=1, digits=TEXT_DIGITS):
+    """make_examples in words: `encode` (text -> token ids) the model's tokenizer. Each passkey is the sentence
+    'The pass key is 71432. Remember it. 71432 is the pass key.' between two filler sentences at a random depth, in
+    order; the sequence ends 'What is the pass key? The pass key is 71432' ('What are the pass keys, in order? The
+    pass keys are 71432, 03918'), the filler's start cut to make it seq_len + 1 tokens. Targets: the answer's tokens."""
+    counts, rng = parse_needles(needles), np.random.default_rng(seed)
+    filler = [encode(' ' + sentence) for sentence in TEXT_FILLER]
+    x, y = np.empty((n, seq_len), np.int64), np.full((n, seq_len), -1, np.int64)
+    for r in range(n):
+        keys = [''.join(map(str, rng.integers(0, 10, size=digits))) for _ in range(counts[rng.integers(len(counts))])]
+        hidden = [encode(f' The pass key is {key}. Remember it. {key} is the pass key.') for key in keys]
+        question = encode(' What is the pass key? The pass key is' if len(keys) == 1 else
+                          ' What are the pass keys, in order? The pass keys are')
+        answer = encode(' ' + ', '.join(keys))
+        room = seq_len + 1 - len(question) - len(answer) - sum(map(len, hidden))  # filler tokens left
+        if room < 0:
+            raise ValueError(f"{len(keys)} passkey(s) in words need seq_len >= {seq_len - room}, got {seq_len}")
+        sentences = [filler[i % len(filler)] for i in range(room // min(map(len, filler)) + 1)]
+        cut = sum(map(len, sentences)) - room  # the filler starts mid-sentence, so the question follows a whole one
+        stream = [t for sentence in sentences for t in sentence][cut:]
+        ends = np.cumsum([len(t) for t in sentences]) - cut
+        depths = np.sort(rng.choice(ends[ends >= 0], size=len(keys)))  # after whole sentences
+        seq, last = [], 0
+        for depth, needle in zip(depths, hidden):
+            seq += stream[last:depth] + needle
+            last = depth
+        seq += stream[last:] + question + answer
+        x[r], y[r, -len(answer):] = seq[:-1], answer
+    return x, y
+
+
 def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_train=100_000, num_val=2_000,
             seed=0, needles='1'):
     """Write {train,val}_{x,y}.npy and meta.json; return at once if data_dir holds this exact task already."""

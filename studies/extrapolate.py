@@ -11,6 +11,9 @@ With pos_emb 'rope' or 'none' the model runs at any length (RoPE's tables grow; 
 A passkey checkpoint (dataset=passkey, prepare/passkey.py) gets instead the answer accuracy per length on
 num_examples fresh episodes: per digit, whole answers, and the loss on the answer digits; --needles=1,2,4 scores
 1, 2 and 4 passkeys per episode (asked for together; a model trained with --passkey_needles=1,2,4 has seen each).
+A GPT-2-token language model with --passkey=True gets the same test in words (prepare/passkey.py's
+make_text_examples: the TDA paper's passkey, up to 4,096 tokens and more): whole-answer and per-token accuracy, and
+the answer's loss, per needle count and length.
 A length whose forward would not fit the free memory is one error line before any is scored.
 """
 import json
@@ -24,7 +27,7 @@ import torch.nn.functional as F
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prepare import check_files
-from prepare.passkey import parse_needles, shortest
+from prepare.passkey import make_examples, make_text_examples, parse_needles, shortest
 from attention import ROPE_SCALINGS
 from support.checkpoint import load_run
 from support.checks import (check_device, check_dtype, check_folder, check_int_list, check_or_exit, check_ranges,
@@ -43,6 +46,7 @@ device = 'cpu'
 dtype = 'float32'
 num_examples = 500          # passkey: fresh episodes per length
 needles = ''                # passkey: needle counts to score, each on its own ('1,2,4'); '' = those it trained on
+passkey = False             # a GPT-2-token language model: passkey accuracy in words instead of val loss
 seed = 1337
 rope_scaling = ''           # RoPE scaling at evaluation ('none', 'linear', 'ntk'); '' keeps the checkpoint's
 rope_factor = 0.0           # its factor s; 0 keeps the checkpoint's
@@ -90,36 +94,45 @@ def evaluate(model, batches, L, ctx):
     return torch.cat(total).mean().item(), (torch.cat(beyond).mean().item() if L > block else None)
 
 
+def passkey_episodes(task, encode, L, needles):
+    """num_examples fresh episodes (x, y) of length L with `needles` passkeys: the checkpoint's own task (task), or
+    in words through the tokenizer (encode); y is -1 but at the answer."""
+    episode_seed = seed + 1000 + L + (needles - 1) * 7919  # needles=1: the episodes of before needles existed
+    if encode is not None:
+        return make_text_examples(encode, num_examples, L, episode_seed, needles)
+    return make_examples(num_examples, L, task['digits'], episode_seed, needles)
+
+
 @torch.no_grad()
-def passkey_accuracy(model, task, L, ctx, needles):
-    """(digit accuracy, whole-answer accuracy: every passkey right, loss on the answer digits) on num_examples fresh
-    episodes of length L, each with `needles` passkeys asked for together."""
-    from prepare.passkey import make_examples
-    answer = needles * task['digits']
-    x, y = (torch.from_numpy(a.astype(np.int64)).to(device) for a in make_examples(
-        num_examples, L, task['digits'], seed + 1000 + L + (needles - 1) * 7919, needles))  # needles=1: as before
-    right, losses = [], []
-    for i in range(0, num_examples, batch_size * 8):
+def passkey_accuracy(model, episodes, ctx, rows):
+    """(accuracy per answer token, whole-answer accuracy: every passkey right, the answer's loss) on episodes, `rows`
+    at a time."""
+    x, y = (torch.from_numpy(a.astype(np.int64)).to(device) for a in episodes)
+    right, whole, losses = [], [], []
+    for i in range(0, len(x), rows):
         with ctx:
-            logits, _ = model(x[i:i + batch_size * 8], y[i:i + batch_size * 8])
-        logits, target = logits[:, -answer:].float(), y[i:i + batch_size * 8, -answer:]  # (b, answer, V), (b, answer)
-        right.append(logits.argmax(-1) == target)
-        losses.append(F.cross_entropy(logits.transpose(1, 2), target, reduction='none'))
-    right = torch.cat(right)
-    return right.float().mean().item(), right.all(1).float().mean().item(), torch.cat(losses).mean().item()
+            logits, _ = model(x[i:i + rows], y[i:i + rows])  # (b, L, V): every position
+        target = y[i:i + rows]
+        asked = target >= 0                                                      # (b, L): the answer's positions
+        hit = (logits.argmax(-1) == target) | ~asked
+        right.append(hit[asked])
+        whole.append(hit.all(1))
+        losses.append(F.cross_entropy(logits.float()[asked], target[asked], reduction='none'))
+    return (torch.cat(right).float().mean().item(), torch.cat(whole).float().mean().item(),
+            torch.cat(losses).mean().item())
 
 
 def check_memory(cfg, sizes, rows):
     """SystemExit with one line where a forward of `rows` sequences at the longest length would not fit the memory
     this machine has free: about 3 float32 (T, T) score tensors per head (the math path's worst case) and the
-    activations. Linux's MemAvailable; elsewhere nothing is checked."""
+    activations and logits. Linux's MemAvailable; elsewhere nothing is checked."""
     try:
         with open('/proc/meminfo') as f:
             free = next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemAvailable'))
     except (OSError, StopIteration):
         return
     T = max(sizes)
-    need = rows * (3 * cfg.n_head * T * T + 20 * T * cfg.n_embd) * 4
+    need = rows * (3 * cfg.n_head * T * T + 20 * T * cfg.n_embd + T * cfg.vocab_size) * 4
     if need > free and device == 'cpu':
         setting = f"lengths={lengths!r}" if lengths else f"multiples={multiples!r}"
         raise SystemExit(f"error: {setting} reaches T={T}: a forward of {rows} sequences needs about "
@@ -149,19 +162,31 @@ if __name__ == '__main__':
     cfg, task = model.config, run.meta.get('task')
     sizes = ([int(n) for n in str(lengths).split(',')] if lengths else
                [m * cfg.block_size for m in check_int_list({'multiples': multiples}, 'multiples', '1,2,4,8')])
-    if run.meta['dataset'] == 'passkey':
-        counts = parse_needles(needles or task.get('needles', '1'), 'needles')
-        if min(task['seq_len'], min(sizes)) < shortest(task['digits'], max(counts)):
+    encode = None
+    if passkey and run.meta['dataset'] != 'passkey':  # in words: the model must read GPT-2's tokens
+        if run.meta.get('encoding') != 'gpt2':
+            raise SystemExit(f"error: passkey=True asks in English with GPT-2's tokens, but {out_dir} reads "
+                             f"{run.meta.get('encoding')!r} tokens; pass --passkey=False (val loss per length)")
+        import tiktoken
+        encode = tiktoken.get_encoding('gpt2').encode
+        try:
+            make_text_examples(encode, 1, min(sizes), seed, needles or '1')
+        except ValueError as e:
+            raise SystemExit(f"error: needles={needles!r} at --lengths' shortest: {e}; pass longer --lengths")
+    if run.meta['dataset'] == 'passkey' or encode is not None:
+        counts = parse_needles((needles or task.get('needles', '1')) if encode is None else (needles or '1'), 'needles')
+        if encode is None and min(task['seq_len'], min(sizes)) < shortest(task['digits'], max(counts)):
             raise SystemExit(f"error: needles={needles!r}: {max(counts)} passkeys do not fit "
                              f"{min(task['seq_len'], min(sizes))} tokens (the trained length, or the shortest of "
                              f"--lengths); pass fewer --needles or longer --lengths")
-        check_memory(cfg, sizes, batch_size * 8)
+        rows = batch_size * 8 if encode is None else batch_size  # a language model's logits are 50,304 wide
+        check_memory(cfg, sizes, rows)
         for k in counts:
             for L in sizes:
                 if cfg.pos_emb == 'learned' and L > cfg.block_size:
                     print(f"{cfg.attention} {multiple(L, cfg):g}x T={L}: n/a (learned positions stop at block_size)")
                     continue
-                digit, whole, loss = passkey_accuracy(model, task, L, ctx, k)
+                digit, whole, loss = passkey_accuracy(model, passkey_episodes(task, encode, L, k), ctx, rows)
                 row = dict(checkpoint=out_dir, model=f"{cfg.attention} {rope_name(cfg)}", needles=k,
                            multiple=multiple(L, cfg), T=L, digit_acc=digit, passkey_acc=whole, loss=loss)
                 print(json.dumps(row) if json_out else f"{row['model']:<24s} {k} needle(s) {row['multiple']:g}x "

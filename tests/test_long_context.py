@@ -1,15 +1,16 @@
 """Long context: RoPE scaling (attention.Rotary: linear position interpolation and NTK-aware frequencies) against
 its formulas, in every layer and in generation, and its checks; an extension (a fine-tune at a longer block_size
-with a scaling) resumes exactly and records its scaling."""
+with a scaling) resumes exactly and records its scaling; passkeys, one or several, as tokens and in words."""
 import json
 import math
 import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attention import AttentionConfig, Rotary, build_attention
-from conftest import iter_losses, run_forked
+from conftest import SHARED, iter_losses, run_forked
 from model import GPT, GPTConfig
 from support.checkpoint import load_run
 
@@ -163,3 +164,54 @@ def test_a_model_trained_on_needles_is_scored_per_count_and_length(tmp_path):
     assert last[3].startswith("error: passkey_needles='1,x' must be comma-separated whole numbers >= 1")
     assert last[4] == ("error: block_size=24 cannot hold 4 passkeys and the question; pass --block_size=38 or more, "
                        "or fewer --passkey_needles")
+
+
+@pytest.mark.skipif(not (SHARED / 'tiktoken_cache').is_dir(), reason=f"GPT-2's tokenizer cache not found under {SHARED}")
+def test_the_passkey_in_words_for_a_language_model(tmp_path):
+    import numpy as np
+    import tiktoken
+    from prepare.passkey import make_text_examples
+    enc = tiktoken.get_encoding('gpt2')
+    x, y = make_text_examples(enc.encode, 20, 120, seed=5, needles='1,2,4')
+    counts = set()
+    for row, target in zip(x.tolist(), y.tolist()):
+        text, answer = enc.decode(row), enc.decode([t for t in target if t >= 0])
+        keys = re.findall(r"The pass key is (\d{5})\. Remember it\. \1 is the pass key\.", text)
+        counts.add(len(keys))
+        assert len(row) == 120 and answer == ' ' + ', '.join(keys)  # every passkey, in the order hidden
+        asked = [i for i, t in enumerate(target) if t >= 0]
+        assert asked == list(range(120 - len(asked), 120)) and target[-len(asked):] == row[-len(asked) + 1:] + [
+            target[-1]]  # the answer's tokens, next-token targets at the end
+        assert text[:len(text) - len(enc.decode(row[-len(asked) + 1:]))].rstrip().endswith(
+            'What is the pass key? The pass key is' if len(keys) == 1 else 'The pass keys are')
+    assert counts == {1, 2, 4}
+    # extrapolate.py on a language model with GPT-2's tokens: accuracy and the answer's loss, by hand
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=64, vocab_size=50304, pos_emb='rope')).eval()
+    meta = dict(dataset='fineweb_edu', kind='text', encoding='gpt2')
+    for name, encoding in (('lm', 'gpt2'), ('chars', 'chars')):
+        (tmp_path / name).mkdir()
+        torch.save(dict(model_args=dict(model.config.__dict__), model=model.state_dict(), iter_num=1,
+                        config=dict(dataset='fineweb_edu'), meta={**meta, 'encoding': encoding}),
+                   tmp_path / name / 'ckpt.pt')
+    (rc, out), (rc_chars, out_chars) = run_forked(
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "lm"}', '--passkey=True', '--lengths=80,130',
+                  '--needles=1,2', '--num_examples=5', '--batch_size=2', '--json_out=True']},
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "chars"}', '--passkey=True']})
+    assert rc == 0, out[-2000:]
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
+    assert [(r['needles'], r['T']) for r in rows] == [(1, 80), (1, 130), (2, 80), (2, 130)]
+    for r in rows:
+        x, y = (torch.from_numpy(a) for a in make_text_examples(enc.encode, 5, r['T'],
+                                                                  1337 + 1000 + r['T'] + (r['needles'] - 1) * 7919,
+                                                                  r['needles']))
+        with torch.no_grad():
+            logits = model(x, y)[0]
+        asked = y >= 0
+        hit = (logits.argmax(-1) == y) | ~asked
+        assert r['digit_acc'] == pytest.approx(hit[asked].float().mean().item())
+        assert r['passkey_acc'] == pytest.approx(hit.all(1).float().mean().item())
+        assert r['loss'] == pytest.approx(F.cross_entropy(logits[asked], y[asked]).item(), rel=1e-5)
+    assert rc_chars == 1 and out_chars.strip().splitlines()[-1] == (
+        f"error: passkey=True asks in English with GPT-2's tokens, but {tmp_path / 'chars'} reads 'chars' tokens; "
+        f"pass --passkey=False (val loss per length)")
