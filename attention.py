@@ -103,7 +103,7 @@ class Attention(nn.Module):
 
     def flex_masks(self, T, device):
         """What attend_flex needs that depends only on the shape (a BlockMask; Krause adds its pre-pass's mask), each
-        built once per shape and cached. The model builds every layer's before the compiled graph (flex_masks, below)
+        built once per shape and cached. The model builds every layer's before the compiled graph (build_flex_masks)
         and hands them in: a graph would not see the cache and would rebuild them in every layer at every call."""
         return block_mask(self.mask_mod, T, device)
 
@@ -363,17 +363,6 @@ class KrauseAttention(Attention):
 def krause_topk_schedule(topk, n_layer):
     """ViT top-k over depth, k at the first layer to 2k at the last: round(linspace(k, 2k, n_layer))."""
     return [round(x) for x in torch.linspace(topk, 2 * topk, n_layer, dtype=torch.float64).tolist()]
-
-
-def kth_largest(x, k):
-    """(..., n) -> (..., 1): the k-th largest value along the last dim, without gradient (-inf sorts first, so a
-    row with fewer than k finite values gives -inf). On CPU NumPy's SIMD selection is ~5x faster than kthvalue."""
-    k = min(k, x.size(-1))
-    with torch.no_grad():
-        if x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64):
-            n = x.size(-1)
-            return torch.from_numpy(np.partition(x.detach().numpy(), n - k, axis=-1)[..., n - k:n - k + 1])
-        return x.kthvalue(x.size(-1) - k + 1, dim=-1, keepdim=True).values
 
 
 def topk_boundary(x, k):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attention import (ATTENTION, AttentionConfig, Rotary, band_keys, band_layout, band_mask, band_queries, band_strip,
-                       build_attention, kth_largest, sliding_window_mask, unband)
+                       build_attention, sliding_window_mask, topk_boundary, unband)
 from conftest import assert_causal
 from model import GPT, GPTConfig
 
@@ -96,13 +96,15 @@ def test_band_mask_and_strip_are_exactly_the_window(T, window):
     assert torch.equal(strip.sum(-1), mask.sum(-1))  # every visible slot is in the strip
 
 
-def test_kth_largest():
+def test_topk_boundary_sits_between_the_kth_and_the_next_on_either_route():
     x = torch.tensor([[3.0, -1.0, 7.0, 5.0], [float('-inf'), 2.0, float('-inf'), float('-inf')]])
-    assert kth_largest(x, 2).flatten().tolist() == [5.0, float('-inf')]  # row 2 has fewer than 2 finite values
-    assert kth_largest(x, 1).flatten().tolist() == [7.0, 2.0]
-    assert kth_largest(x, 9).flatten().tolist() == [-1.0, float('-inf')]  # k beyond the row: its smallest
+    for dtype in (torch.float64, torch.bfloat16):  # NumPy's selection on the CPU; torch's topk elsewhere (bf16 here)
+        assert topk_boundary(x.to(dtype), 2).flatten().tolist() == [4.0, float('-inf')]  # row 2: keep its only key
+        assert topk_boundary(x.to(dtype), 1).flatten().tolist() == [6.0, float('-inf')]
+        assert topk_boundary(x.to(dtype), 4).flatten().tolist() == [float('-inf')] * 2  # k >= n: keep every key
     y = torch.randn(6, 37, dtype=torch.float64)
-    torch.testing.assert_close(kth_largest(y, 11), y.topk(11, -1).values[:, -1:])
+    top = y.topk(12, -1).values
+    torch.testing.assert_close(topk_boundary(y, 11), (top[:, 10:11] + top[:, 11:12]) / 2)
 
 
 def test_rope_preserves_norm_and_depends_on_offsets_only():
