@@ -306,11 +306,9 @@ class KrauseAttention(Attention):
         return self.dense_weights(q, k)[0] @ v
 
     def attend_flex(self, q, k, v, masks=None):
-        # flex computes exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask; the top k enter as a per-row
-        # boundary from a no-grad pre-pass on the scores alone, halfway between the k-th and (k+1)-th, so flex's own
-        # rounding of a score does not move it across. Nothing the score_mod captures needs a gradient: it adds the
-        # detached bias, and the bias's gradient (Σ_i ∂L/∂score_ij) reaches σ and k through one more column, 1 in
-        # q′ and bias - bias.detach() (exactly 0) in k′. No dropout on the weights, as for softmax.
+        # exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask, the top k kept by a per-row boundary (a no-grad
+        # pre-pass). The score_mod adds the detached bias; its gradient, Σ_i ∂L/∂score_ij, reaches σ and k through
+        # one more column, 1 in q′ and bias - bias.detach() (exactly 0) in k′. No dropout on the weights.
         block, prepass_mask = self.flex_masks(q.size(2), q.device) if masks is None else masks
         q_scaled, key_bias = self.rbf_terms(q, k)
         bias = key_bias.detach()                                                        # (B, H, T)
@@ -332,9 +330,8 @@ class KrauseAttention(Attention):
 
     @torch.no_grad()
     def topk_boundaries(self, q_scaled, k, key_bias, mask):
-        """Each row's top-k boundary (B, H, T) from the scores alone (no softmax, dropout or weights): 1-D on the
-        band, keys as a strided view (no band copy) and one selection among the W slots a row reaches; the ViT on
-        every pair (65 tokens)."""
+        """Each row's top-k boundary (B, H, T) from the scores alone: on the band (keys a strided view; one selection
+        among the W slots a row reaches), the ViT on every pair."""
         if self.grid:
             scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)                  # (B, H, T, T)
             return topk_boundary(scores.masked_fill(~mask, float('-inf')), self.topk)[..., 0]
@@ -544,12 +541,10 @@ class ThresholdDifferentialAttention(Attention):
         return self.head_norm(y)  # (B, H, T, D)
 
     def attend_flex(self, *tensors, masks=None):
-        # One flex call, the views side by side on the head axis. τ enters through the queries, so nothing the
-        # score_mod captures needs a gradient: with d_i = τ_i (1 where τ_i = 0) and q̃_i = q̂_i / d_i,
-        # s_ij - τ_i = d_i (q̃_i·k̂_j - t_i), t_i = 1 where τ_i > 0 else 0, and the row factor d_i^p leaves the sum:
-        # Σ_j a_ij v_j = d_i^p · Σ_j relu(q̃_i·k̂_j - t_i)^p v_j = d_i^p · y_i · exp(lse_i), y flex's softmax-weighted
-        # mean under exp(score_mod) = relu(q̃·k̂ - t)^p. β's gradient reaches q̃ and d_i as any tensor's does. A row with
-        # no survivors: y = 0, exp(lse) = 0. λ is applied outside flex.
+        # One flex call, the views side by side on the head axis; τ enters through the queries (nothing captured needs
+        # a gradient): with d_i = τ_i (1 where τ_i = 0), q̃_i = q̂_i/d_i and t_i = [τ_i > 0], s_ij - τ_i = d_i (q̃_i·k̂_j
+        # - t_i), so Σ_j a_ij v_j = d_i^p · y_i · exp(lse_i), y flex's output under exp(score_mod) = relu(q̃·k̂ - t)^p.
+        # A row with no survivors: y = 0, exp(lse) = 0. λ is applied outside flex.
         *qk, v = tensors
         B, H, T, D = v.shape
         views, p, floor = len(qk) // 2, self.p, self.log_floor
