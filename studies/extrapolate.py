@@ -169,12 +169,14 @@ if __name__ == '__main__':
                              f"{run.meta.get('encoding')!r} tokens; pass --passkey=False (val loss per length)")
         import tiktoken
         encode = tiktoken.get_encoding('gpt2').encode
-        try:
-            make_text_examples(encode, 1, min(sizes), seed, needles or '1')
-        except ValueError as e:
-            raise SystemExit(f"error: needles={needles!r} at --lengths' shortest: {e}; pass longer --lengths")
     if run.meta['dataset'] == 'passkey' or encode is not None:
-        counts = parse_needles((needles or task.get('needles', '1')) if encode is None else (needles or '1'), 'needles')
+        counts = parse_needles(needles or (task.get('needles', '1') if encode is None else '1'), 'needles')
+        try:  # in words, an episode's length in tokens varies with its keys: make every one once before scoring
+            for k in counts if encode is not None else ():
+                for L in sizes:
+                    passkey_episodes(task, encode, L, k)
+        except ValueError as e:
+            raise SystemExit(f"error: needles={needles!r}: {e}; pass fewer --needles or longer --lengths")
         if encode is None and min(task['seq_len'], min(sizes)) < shortest(task['digits'], max(counts)):
             raise SystemExit(f"error: needles={needles!r}: {max(counts)} passkeys do not fit "
                              f"{min(task['seq_len'], min(sizes))} tokens (the trained length, or the shortest of "

@@ -194,10 +194,12 @@ def test_the_passkey_in_words_for_a_language_model(tmp_path):
         torch.save(dict(model_args=dict(model.config.__dict__), model=model.state_dict(), iter_num=1,
                         config=dict(dataset='fineweb_edu'), meta={**meta, 'encoding': encoding}),
                    tmp_path / name / 'ckpt.pt')
-    (rc, out), (rc_chars, out_chars) = run_forked(
+    (rc, out), (rc_chars, out_chars), (rc_short, out_short) = run_forked(
         {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "lm"}', '--passkey=True', '--lengths=80,130',
                   '--needles=1,2', '--num_examples=5', '--batch_size=2', '--json_out=True']},
-        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "chars"}', '--passkey=True']})
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "chars"}', '--passkey=True']},
+        {'argv': ['studies/extrapolate.py', f'--out_dir={tmp_path / "lm"}', '--passkey=True', '--lengths=200,60',
+                  '--needles=1,4']})
     assert rc == 0, out[-2000:]
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
     assert [(r['needles'], r['T']) for r in rows] == [(1, 80), (1, 130), (2, 80), (2, 130)]
@@ -215,3 +217,7 @@ def test_the_passkey_in_words_for_a_language_model(tmp_path):
     assert rc_chars == 1 and out_chars.strip().splitlines()[-1] == (
         f"error: passkey=True asks in English with GPT-2's tokens, but {tmp_path / 'chars'} reads 'chars' tokens; "
         f"pass --passkey=False (val loss per length)")
+    # four needles in words do not fit 60 tokens: one line before anything is scored
+    assert rc_short == 1 and 'passkey accuracy' not in out_short, out_short[-2000:]
+    assert re.fullmatch(r"error: needles='1,4': 4 passkey\(s\) in words need seq_len >= \d+, got 60; pass fewer "
+                        r"--needles or longer --lengths", out_short.strip().splitlines()[-1]), out_short[-500:]
