@@ -1,12 +1,13 @@
 """
-Every attention rule in one file, side by side, each an nn.Module built as `build_attention(config, layer_idx)`
-and called as `y = attn(x)`, x (B, T, C). Reading order: the frame (`Attention`: project, attend, out); softmax,
-its `attend` the formula as tensor ops; each rule, its core first (formula, keys, checks, attend), then its flex
-path and cache; what the rules are built from (heads, RoPE, masks and BlockMasks, the band, query tiles, KV
-caches); last the table `ATTENTION` and `AttentionConfig`, every key. Exact formulas, papers, settings: docs/rules.md.
+Every attention rule, side by side: each an nn.Module built as `build_attention(config, layer_idx)` and called as
+`y = attn(x)`, x (B, T, C). Read it top to bottom: the masks (which keys a query sees); the frame (`Attention`:
+project, attend, out); softmax, whose `attend` is the formula as tensor ops; then each rule, its keys, its formula
+and paper, its checks and `attend` first, its flex path and cache after; the table `ATTENTION`; a softmax branch
+beside any rule (`mix`); last the keys every layer reads. What makes the rules fast and lets them generate (the
+band, query tiles, BlockMasks, KV caches, RoPE) is in machinery/, imported here and never needed to read a formula.
+Exact formulas, derivations, the papers' settings and their code's defects: docs/rules.md.
 """
 import math
-import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -14,9 +15,46 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
-from torch.utils.checkpoint import checkpoint
+from torch.nn.attention.flex_attention import AuxRequest
+
+from machinery.band import (band_keys, band_layout, band_queries, band_strip, band_view, exclusive_cumsum,
+                            query_tiles, recompute_in_backward, unband)
+from machinery.caches import CacheGroup, KVCache, decode_sdpa
+from machinery.heads import merge_heads, split_heads, weights_of_linear_map
+from machinery.masks import FLEX_DEVICES, band_mask, block_mask, dense_mask, run_flex
+from machinery.rope import Rotary, check_rope_scaling
+
+
+# -----------------------------------------------------------------------------
+# masks: which key j a query i may see, as small named mask_mods in the attention-gym style (compose them with
+# flex_attention's and_masks / or_masks). machinery/masks.py makes one into a BlockMask, a dense bool or the band's
+# tiles, once per shape; a factory is cached, so one mask is one object.
+
+def causal_mask(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def off_diagonal_mask(b, h, q_idx, kv_idx):  # every key but the query's own token (AttentionX's ViT form)
+    return q_idx != kv_idx
+
+
+@lru_cache(maxsize=None)
+def sliding_window_mask(window):
+    def sliding_window(b, h, q_idx, kv_idx):  # i - W < j <= i
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+    return sliding_window
+
+
+@lru_cache(maxsize=None)
+def grid_mask(grid_size, radius, metric):
+    """Token 0 (CLS) sees and is seen by all; patch i (token 1 + i, row-major) sees patch j iff their distance on
+    the grid is at most `radius`, |Δr| + |Δc| ('manhattan') or max(|Δr|, |Δc|) ('chebyshev')."""
+    def grid_neighbours(b, h, q_idx, kv_idx):
+        dr = ((q_idx - 1) // grid_size - (kv_idx - 1) // grid_size).abs()
+        dc = ((q_idx - 1) % grid_size - (kv_idx - 1) % grid_size).abs()
+        distance = dr + dc if metric == 'manhattan' else torch.maximum(dr, dc)
+        return (q_idx == 0) | (kv_idx == 0) | (distance <= radius)
+    return grid_neighbours
 
 
 # -----------------------------------------------------------------------------
@@ -151,7 +189,7 @@ class SoftmaxAttention(Attention):
     every key but the last W, i - W < j <= i (sliding-window attention, the Krause paper's "window" baseline).
     `attend` is the formula as tensor ops, a T×T score matrix. `attend_fused`, what forward runs, hands the same
     function to F.scaled_dot_product_attention, one fused kernel (flash on a GPU), and a window shorter than T to
-    the band: O(T·W) time and memory, no T×T tensor (band_layout, below).
+    the band: O(T·W) time and memory, no T×T tensor (machinery/band.py).
     """
     has_bidirectional_form, has_cache, has_flex, fused = True, True, True, True
 
@@ -217,13 +255,13 @@ class KrauseAttention(Attention):
     y_i = Σ_j softmax_j(score_i) v_j
     ("Krause Synchronization Transformers", arXiv 2602.11534, eq. 3; docs/rules.md#krause)
 
-    Bounded confidence: a token listens only to its neighbours N_i, and among them only to the k closest.
-    σ_h is learned per head (log_sigma). N_i is a causal window i - W < j <= i for the GPT, and for the ViT the
-    patches within `krause_radius` on the grid (+ CLS, which sees and is seen by all); the ViT's k grows over
-    depth from k to 2k. -||q_i||²/(2σ²) is the same for a whole row, so it changes neither the top k nor the
-    softmax and is dropped: score_ij = q_i·k_j/σ² - ||k_j||²/(2σ²). The 1-D math path works on the band
-    (O(T·W) time and memory); the official code builds the dense T×T matrix, kept here as `attend_dense`.
-    With mix=True build_attention makes the paper's LM form instead: a softmax branch beside it (MixAttention, below).
+    Bounded confidence: a token listens only to its neighbours N_i, and among them only to the k closest; σ_h is
+    learned per head (log_sigma). N_i is the causal window i - W < j <= i in the GPT; in the ViT, the patches
+    within `krause_radius` on the grid (+ CLS, which sees and is seen by all), k growing over depth from k to 2k.
+    -||q_i||²/(2σ²) is the same along a row (it changes neither the top k nor the softmax), so it is dropped:
+    score_ij = q_i·k_j/σ² - ||k_j||²/(2σ²). The GPT's math path works on the band, O(T·W), never T×T; the ViT's
+    (65 tokens) on every pair, as the official code computes it (`attend_dense`, also bench.py's reference).
+    With mix=True, build_attention makes the paper's LM form: a softmax branch beside it (MixAttention).
     """
     has_bidirectional_form, has_cache, has_flex = True, True, True
 
@@ -252,23 +290,33 @@ class KrauseAttention(Attention):
             self.grid = (grid_size, config.krause_radius, config.krause_metric)
             self.mask_mod = grid_mask(*self.grid)
 
-    def rbf_terms(self, q, k):
-        """q/σ² and the per-key bias -||k||²/(2σ²), so that score = (q/σ²)·k + bias: (B, H, T, D), (B, H, T)."""
-        return q * self.inv_var(), self.key_bias(k)
-
     def inv_var(self):
         return torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head, (1, H, 1, 1)
 
     def key_bias(self, k):  # (B, H, T, D) -> (B, H, T): -||k||²/(2σ²)
         return -0.5 * (k * k).sum(-1) * self.inv_var()[..., 0]
 
+    def scores(self, q, k, key_bias=None, band=None, view=False):
+        """score_ij = (q_i/σ²)·k_j - ||k_j||²/(2σ²) for every pair (B, H, T, L), or with band = (tile, lookback) on
+        the band (B, H, n, tile, tile + lookback). key_bias (B, H, L, 1): the keys' biases, where a cache holds them.
+        view: the band's keys as a strided view (band_view), not a copy; no gradient (flex's pre-pass)."""
+        q_scaled = q * self.inv_var()
+        key_bias = self.key_bias(k).unsqueeze(-1) if key_bias is None else key_bias        # (B, H, L, 1)
+        if band is None:
+            return q_scaled @ k.transpose(-1, -2) + key_bias.transpose(-1, -2)
+        tile, lookback = band
+        if view:
+            keys, biases = band_view(k, tile, lookback), band_view(key_bias, tile, lookback)
+        else:
+            keys, biases = (band_keys(t, tile, lookback).transpose(-1, -2) for t in (k, key_bias))
+        return band_queries(q_scaled, tile) @ keys + biases
+
     def topk_softmax(self, scores, mask, reachable=None):
-        """Attention weights and each row's top-k boundary (..., 1) from fresh RBF scores and the neighbourhood
-        mask (None: every key visible): the top k of each row (chosen among `reachable(scores)`, a view of the slots
-        a row can reach, if given), softmax, dropout. Out-of-place fills: as fast and as small here as in-place ones
-        under no_grad, which torch.compile's inductor fails on (KeyError 'buf1', torch 2.13). The boundary carries
-        no gradient: it sits halfway between a row's k-th and (k+1)-th score (topk_boundary), so flex, which rounds
-        the scores its own way, keeps the same keys."""
+        """Attention weights and each row's top-k boundary (..., 1) from fresh scores and the neighbourhood mask
+        (None: every key visible): the top k of each row (chosen among `reachable(scores)`, the slots a row can
+        reach, if given), softmax, dropout. The boundary carries no gradient: it sits halfway between a row's k-th
+        and (k+1)-th score (topk_boundary), so flex, which rounds the scores its own way, keeps the same keys.
+        Out-of-place fills: torch.compile's inductor fails on in-place ones here (KeyError 'buf1', torch 2.13)."""
         scores = scores if mask is None else scores.masked_fill(~mask, float('-inf'))
         boundary = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
         scores = scores.masked_fill(scores < boundary, float('-inf'))
@@ -278,43 +326,32 @@ class KrauseAttention(Attention):
         if self.grid:  # the ViT: 65 tokens, every pair
             return self.attend_dense(q, k, v)
         T = q.size(2)
-        _, tile, lookback = band_layout(self.krause_window, T)
-        weights, _ = self.band_weights(q, k)
-        return unband(weights @ band_keys(v, tile, lookback), T)  # (B, H, T, D)
-
-    def band_weights(self, q, k):
-        """1-D: weights on the band (B, H, n, tile, tile+lookback) and top-k boundaries (B, H, T); no T×T tensor."""
-        T = q.size(2)
         W, tile, lookback = band_layout(self.krause_window, T)
-        q_scaled, key_bias = self.rbf_terms(q, k)
-        scores = band_queries(q_scaled, tile) @ band_keys(k, tile, lookback).transpose(-1, -2)
-        scores = scores + band_keys(key_bias.unsqueeze(-1), tile, lookback).transpose(-1, -2)  # each slot's bias
-        weights, boundary = self.topk_softmax(scores, band_mask(sliding_window_mask(W), T, tile, lookback, q.device),
-                                              lambda s: band_strip(s, W))
-        return weights, unband(boundary, T)[..., 0]
-
-    def dense_weights(self, q, k):
-        """Every (i, j) pair: (B, H, T, T) weights and (B, H, T) top-k boundaries. The ViT's path (65 tokens)."""
-        T = q.size(2)
-        q_scaled, key_bias = self.rbf_terms(q, k)
-        scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)  # (B, H, T, T)
-        weights, boundary = self.topk_softmax(scores, dense_mask(self.mask_mod, T, q.device))
-        return weights, boundary[..., 0]
+        weights, _ = self.topk_softmax(self.scores(q, k, band=(tile, lookback)), self.neighbours(T, q.device),
+                                       lambda s: band_strip(s, W))       # (B, H, n, tile, tile+lookback)
+        return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
 
     def attend_dense(self, q, k, v):
-        """The same function through a dense T×T matrix, as the official code computes it (bench.py's reference)."""
-        return self.dense_weights(q, k)[0] @ v
+        """Every (i, j) pair, a (B, H, T, T) matrix: the ViT's path, and the official code's way for the GPT."""
+        weights, _ = self.topk_softmax(self.scores(q, k), dense_mask(self.mask_mod, q.size(2), q.device))
+        return weights @ v
+
+    def neighbours(self, T, device):  # N_i as the paths that are not flex read it: on the band (GPT), every pair (ViT)
+        if self.grid:
+            return dense_mask(self.mask_mod, T, device)
+        _, tile, lookback = band_layout(self.krause_window, T)
+        return band_mask(self.mask_mod, T, tile, lookback, device)
 
     def attend_flex(self, q, k, v, masks=None):
-        # exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask, the top k kept by a per-row boundary (a no-grad
-        # pre-pass). The score_mod adds the detached bias; its gradient, Σ_i ∂L/∂score_ij, reaches σ and k through
-        # one more column, 1 in q′ and bias - bias.detach() (exactly 0) in k′. No dropout on the weights.
+        # exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask, the top k kept by each row's boundary from a
+        # no-grad pre-pass. bias_j enters detached through the score_mod and with its gradient through one more
+        # column: 1 in q′, bias - bias.detach() (exactly 0) in k′. No dropout on the weights.
         block, prepass_mask = self.flex_masks(q.size(2), q.device) if masks is None else masks
-        q_scaled, key_bias = self.rbf_terms(q, k)
-        bias = key_bias.detach()                                                        # (B, H, T)
-        boundary = self.topk_boundaries(q_scaled.detach(), k.detach(), bias, prepass_mask)  # (B, H, T)
-        q_aug = torch.cat([q_scaled, torch.ones_like(q[..., :1])], -1)                  # (B, H, T, D + 1)
-        k_aug = torch.cat([k, (key_bias - bias).unsqueeze(-1)], -1)                     # (B, H, T, D + 1)
+        boundary = self.topk_boundaries(q, k, prepass_mask)                              # (B, H, T)
+        key_bias = self.key_bias(k)
+        bias = key_bias.detach()                                                         # (B, H, T)
+        q_aug = torch.cat([q * self.inv_var(), torch.ones_like(q[..., :1])], -1)         # (B, H, T, D + 1)
+        k_aug = torch.cat([k, (key_bias - bias).unsqueeze(-1)], -1)                      # (B, H, T, D + 1)
 
         def krause_score(score, b, h, q_idx, kv_idx):
             score = score + bias[b, h, kv_idx]
@@ -322,23 +359,18 @@ class KrauseAttention(Attention):
 
         return run_flex(q_aug, k_aug, v, score_mod=krause_score, block_mask=block, scale=1.0)
 
-    def flex_masks(self, T, device):  # the BlockMask, and the pre-pass's mask: on the band (1-D), every pair (ViT)
-        if self.grid:
-            return block_mask(self.mask_mod, T, device), dense_mask(self.mask_mod, T, device)
-        _, tile, lookback = band_layout(self.krause_window, T)
-        return block_mask(self.mask_mod, T, device), band_mask(self.mask_mod, T, tile, lookback, device)
+    def flex_masks(self, T, device):  # the BlockMask, and the pre-pass's neighbourhood
+        return block_mask(self.mask_mod, T, device), self.neighbours(T, device)
 
     @torch.no_grad()
-    def topk_boundaries(self, q_scaled, k, key_bias, mask):
-        """Each row's top-k boundary (B, H, T) from the scores alone: on the band (keys a strided view; one selection
-        among the W slots a row reaches), the ViT on every pair."""
+    def topk_boundaries(self, q, k, mask):
+        """Each row's top-k boundary (B, H, T) from the scores alone (the GPT: one selection among the W slots a
+        row reaches on the band; the ViT: every pair)."""
         if self.grid:
-            scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)                  # (B, H, T, T)
-            return topk_boundary(scores.masked_fill(~mask, float('-inf')), self.topk)[..., 0]
-        T = q_scaled.size(2)
+            return topk_boundary(self.scores(q, k).masked_fill(~mask, float('-inf')), self.topk)[..., 0]
+        T = q.size(2)
         W, tile, lookback = band_layout(self.krause_window, T)
-        scores = band_queries(q_scaled, tile) @ band_view(k, tile, lookback)                 # (B, H, n, tile, tile+lookback)
-        scores = (scores + band_view(key_bias.unsqueeze(-1), tile, lookback)).masked_fill(~mask, float('-inf'))
+        scores = self.scores(q, k, band=(tile, lookback), view=True).masked_fill(~mask, float('-inf'))
         return unband(topk_boundary(band_strip(scores, W), self.topk), T)[..., 0]
 
     def new_cache(self):  # a ring of the last krause_window keys and values: constant memory for ever
@@ -351,9 +383,8 @@ class KrauseAttention(Attention):
 
     def decode(self, q, k, v, cache):  # (B, H, 1, D): the top k of the (up to W) keys the ring holds
         cache.append(k, v, self.key_bias(k).unsqueeze(-1))
-        keys, values, key_bias = cache.tensors()                       # (B, H, n <= W, D), (B, H, n, D), (B, H, n, 1)
-        scores = (q * self.inv_var()) @ keys.transpose(-1, -2) + key_bias.transpose(-1, -2)  # (B, H, 1, n)
-        weights, _ = self.topk_softmax(scores, None)  # every key the ring holds is visible
+        keys, values, key_bias = cache.tensors()                # (B, H, n <= W, D), (B, H, n, D), (B, H, n, 1)
+        weights, _ = self.topk_softmax(self.scores(q, keys, key_bias), None)  # every key the ring holds is visible
         return weights @ values
 
 
@@ -394,14 +425,13 @@ class AttentionX(SoftmaxAttention):
     ("AttentionX: Exploiting Consensus Discrepancy In Attention from A Distributed Optimization Perspective",
     arXiv 2409.04275, eq. 12-13; docs/rules.md#attentionx)
 
-    The "consensus discrepancy" between a token's own value and what it gathers from the others. With A the
-    attention matrix, y = (I - γA)V: at γ = 1 it is (I - A)V, a high-pass filter on the attention graph (I - A is
-    the graph's random-walk Laplacian), the opposite of the smoothing AV that, stacked over layers, drives rank
-    collapse. The paper keeps γ >= 1: γ = 3 for its causal nanoGPT (the diagonal of A kept), γ = 1 for its ViT
-    with the diagonal masked (`attnx_mask_diagonal`: a token attends only to the others). γ = 0 is y = v (no
-    mixing); a negative γ adds the smoothed AV to v, a low-pass filter. γ is fixed, or learned per head
-    (`attnx_learnable_gamma`). A is SoftmaxAttention's, on each of its paths (SDPA, is_causal=True on a GPT: flash
-    on GPU; the sliding `window` too); the masked diagonal is `off_diagonal_mask`, a boolean SDPA mask (no flash).
+    The "consensus discrepancy" between a token's own value and what it gathers from the others: with A the
+    attention matrix, y = (I - γA)V; at γ = 1, I - A is the attention graph's random-walk Laplacian, a high-pass
+    filter, the opposite of the smoothing AV that, stacked over layers, drives rank collapse. The paper keeps
+    γ >= 1: γ = 3 for its causal nanoGPT (diagonal kept), γ = 1 for its ViT with the diagonal masked
+    (`attnx_mask_diagonal`: a token attends only to the others). γ is fixed, or learned per head
+    (`attnx_learnable_gamma`). A is SoftmaxAttention's, on each of its paths (SDPA, the window, flex, the cache);
+    the masked diagonal is `off_diagonal_mask`, a boolean SDPA mask (no flash).
     """
 
     def __init__(self, config, layer_idx):
@@ -472,19 +502,11 @@ class ThresholdDifferentialAttention(Attention):
 
     The threshold grows like the largest spurious similarity among i+1 random keys, so only real matches survive:
     weights are exactly 0 elsewhere and nothing forces a row to sum to 1 (no sink). β = exp(log_beta) and
-    λ = sigmoid(lambda_logit) are learned per layer; κ and p are fixed. With κ > 1 the rows i+1 < κ would take
-    the root of a negative number: they get τ = 0. tda_differential=False keeps view 1 only (TRA).
-
-    RMSNorm eps (tda_eps) = 1e-4: o = w·y/sqrt(mean(y²) + 1e-4). An empty row (y = 0) gives exactly 0; no row is
-    amplified more than 1/sqrt(eps) = 100×, so a lone survivor passing τ by δ (v of unit RMS, p = 2) comes out
-    at RMS 0.01 for δ = 0.01 and 0.71 for δ = 0.1, growing continuously from the empty row's 0 instead of
-    jumping to unit size; rows with RMS(y) >= 0.03 are normalised to within 5% of unit RMS.
-
-    Math path: queries in tiles of tda_chunk_weights // T against the keys they can see, each tile's weights
-    recomputed in backward (recompute_in_backward), so forward and backward hold at most tda_chunk_weights weights
-    per head at a time whatever T, besides the O(T·D) inputs and outputs: never T×T. Flex path: exp(score_mod) =
-    relu(s - τ)^p, and flex's softmax-normalised output times exp(lse) is Σ_j a_ij v_j.
-    No attention-weight dropout on either path (flex has none); the residual dropout in `out` applies.
+    λ = sigmoid(lambda_logit) are learned per layer; κ and p are fixed; rows with i+1 < κ get τ = 0. The RMSNorm's
+    eps (tda_eps) bounds how much a row is amplified: an empty row gives exactly 0. tda_differential=False keeps
+    view 1 only (TRA). Math path: queries in tiles of tda_chunk_weights // T, each recomputed in backward, so
+    memory is linear in T. Flex path: one call, both views on the head axis, τ through the queries (derivation:
+    docs/rules.md#tda). No attention-weight dropout on either path.
     """
     has_bidirectional_form, has_cache, has_flex = True, True, True
     projections = ('q1', 'k1', 'q2', 'k2', 'v')
@@ -496,13 +518,13 @@ class ThresholdDifferentialAttention(Attention):
             self.projections = ('q1', 'k1', 'v')  # set before the frame sizes c_attn from it
         super().__init__(config, layer_idx)
         for key, ok, need in [('tda_beta', config.tda_beta > 0, '> 0'), ('tda_kappa', config.tda_kappa > 0, '> 0'),
-                              ('tda_lambda', 0 < config.tda_lambda < 1, 'in (0, 1)'),
-                              ('tda_p', config.tda_p >= 1, '>= 1'), ('tda_chunk_weights', config.tda_chunk_weights >= 1, '>= 1'),
+                              ('tda_lambda', 0 < config.tda_lambda < 1, 'in (0, 1)'), ('tda_p', config.tda_p >= 1, '>= 1'),
+                              ('tda_chunk_weights', config.tda_chunk_weights >= 1, '>= 1'),
                               ('tda_eps', config.tda_eps > 0, '> 0')]:
             if not ok:
                 raise ValueError(f"{key} must be {need}, got {getattr(config, key)}")
         self.differential, self.kappa, self.p = config.tda_differential, config.tda_kappa, config.tda_p
-        self.tile_weights = config.tda_chunk_weights  # weights per head one query tile may hold
+        self.chunk_weights = config.tda_chunk_weights  # weights per head one query tile may hold
         self.log_beta = nn.Parameter(torch.tensor(math.log(config.tda_beta)))
         if self.differential:
             self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
@@ -519,32 +541,33 @@ class ThresholdDifferentialAttention(Attention):
     def view_weights(self, q, k, threshold):  # (B, H, C, D), (B, H, L, D), (C, L) -> (B, H, C, L)
         return (q @ k.transpose(-1, -2) - threshold).relu() ** self.p
 
-    def weights(self, qk, tau, start, end, n_keys):
-        """a¹ - λa² for queries start..end-1 and keys 0..n_keys-1, from normalised q1, k1(, q2, k2): (B, H, C, L)."""
+    def weights(self, qk, threshold):
+        """a¹ - λa² from normalised q1, k1(, q2, k2) and the thresholds (C, L), +inf where a key is hidden."""
+        a = self.view_weights(qk[0], qk[1], threshold)
+        if self.differential:
+            a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(qk[2], qk[3], threshold)
+        return a
+
+    def tile_weights(self, qk, tau, start, end, n_keys):  # queries start..end-1, keys 0..n_keys-1: (B, H, C, L)
         threshold = tau[start:end, None].expand(-1, n_keys)  # (C, L)
         if self.causal:  # a hidden key gets an infinite threshold: relu(s - ∞) = 0, whatever s is
             query, key = torch.arange(start, end, device=tau.device), torch.arange(n_keys, device=tau.device)
             threshold = threshold.masked_fill(~causal_mask(None, None, query[:, None], key), float('inf'))
-        a = self.view_weights(qk[0][:, :, start:end], qk[1][:, :, :n_keys], threshold)
-        if self.differential:
-            a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(qk[2][:, :, start:end], qk[3][:, :, :n_keys],
-                                                                          threshold)
-        return a
+        return self.weights([t[:, :, start:end] if i % 2 == 0 else t[:, :, :n_keys] for i, t in enumerate(qk)],
+                            threshold)
 
     def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v), (B, H, T, D) each
         *qk, v = tensors
         qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
         tau = self.threshold(T, v.device)
-        tile_output = lambda start, end, n_keys: self.weights(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
-        rows = max(1, self.tile_weights // T)  # queries per tile
+        tile_output = lambda start, end, n_keys: self.tile_weights(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
+        rows = max(1, self.chunk_weights // T)  # queries per tile
         y = torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, self.causal)], 2)
         return self.head_norm(y)  # (B, H, T, D)
 
     def attend_flex(self, *tensors, masks=None):
-        # One flex call, the views side by side on the head axis; τ enters through the queries (nothing captured needs
-        # a gradient): with d_i = τ_i (1 where τ_i = 0), q̃_i = q̂_i/d_i and t_i = [τ_i > 0], s_ij - τ_i = d_i (q̃_i·k̂_j
-        # - t_i), so Σ_j a_ij v_j = d_i^p · y_i · exp(lse_i), y flex's output under exp(score_mod) = relu(q̃·k̂ - t)^p.
-        # A row with no survivors: y = 0, exp(lse) = 0. λ is applied outside flex.
+        # exp(score_mod) = relu(q̃·k̂ - t_i)^p with q̃ = q̂/d_i, so Σ_j a_ij v_j = d_i^p · y_i · exp(lse_i), y flex's
+        # output (d_i = τ_i, or 1 where τ_i = 0; t_i = [τ_i > 0]): nothing captured needs a gradient. λ after flex.
         *qk, v = tensors
         B, H, T, D = v.shape
         views, p, floor = len(qk) // 2, self.p, self.log_floor
@@ -579,17 +602,14 @@ class ThresholdDifferentialAttention(Attention):
         cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
         *keys, values = cache.tensors()                      # (B, H, pos, D) each: every key is visible
         queries = [F.normalize(q, dim=-1) for q in qk[0::2]]
-        a = self.view_weights(queries[0], keys[0], tau)      # (B, H, 1, pos)
-        if self.differential:
-            a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(queries[1], keys[1], tau)
-        return self.head_norm(a @ values)
+        return self.head_norm(self.weights([x for pair in zip(queries, keys) for x in pair], tau) @ values)
 
     def attention_weights(self, *tensors):
         """For analysis: the whole (B, H, T, T) matrix a¹ - λa² from what project returns (short T only): the weights
         before the RMSNorm, which is not linear in v (so the frame's identity-basis weights do not apply)."""
         *qk, v = tensors
         T = v.size(2)
-        return self.weights([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
+        return self.tile_weights([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
 
 
 # -----------------------------------------------------------------------------
@@ -612,24 +632,15 @@ class ClusterAttention(Attention):
     y_i = Σ_c softmax_c(q_i·K̄_c/√D + log N_c) V̄_c
     (this project's cluster attention, an answer to the "cluster-attention" note's question 4; docs/rules.md#cluster)
 
-    Attention to m cluster summaries in place of T keys: O(T·m·D), and differentiable through the soft assignment.
-    The log-mass bias makes it exact when a cluster's keys coincide: N_c·exp(q·K̄_c/√D) = Σ_{j∈c} exp(q·k_j/√D).
-    Seeds and sharpness s are learned per head; an empty cluster (N_c = 0) gets -inf.
-      - ViT (causal=False): over the whole sequence, after `cluster_iters` soft spherical k-means refinements of
-        the seeds on the current keys (seed_c ← Σ_j S_jc k_j/‖k_j‖); `cluster_self` adds the query's own key as
-        one more exact entry of the softmax (its mass is then counted twice, once in its clusters).
-      - GPT (causal=True), chunkwise: chunks of L = `cluster_chunk` tokens; a query attends exactly (causally) to
-        its own chunk and to the summaries of all strictly earlier chunks (exclusive cumulative sums of N, ΣSk,
-        ΣSv), one joint softmax over [local keys ; clusters]. S_jc depends on token j alone and nothing is
-        normalised along the sequence, so the past never depends on the future. O(T·(L + m)·D) time, memory
-        linear in T; with L >= T it is exactly causal softmax. The sequence is zero-padded to whole chunks.
-    Seeds: unit-norm (orthogonal where m <= D) at init. cos(k, seed) ignores a seed's norm, so the norm only sets
-    its step size: weight decay would shrink it and speed the seed up without bound, so seeds are not decayed
-    (`no_decay`), and their learning rate is `cluster_seed_lr` × the schedule's (`lr_scale`): Adam moves every
-    entry by about lr per step, and a unit seed's entries (~1/√D) are several times the Linears' (~0.02).
-    No flex path: the math path is already dense per-chunk matmuls, (L + m) keys per query, no T×T tensor.
-    `report`: per head, the perplexity of the mean assignment (how many clusters are in use, 1..m) and the mean
-    entropy of a key's assignment (0 = hard, log m = uniform).
+    Attention to m cluster summaries in place of T keys: O(T·m·D), differentiable through the soft assignment; the
+    log-mass bias makes it exact when a cluster's keys coincide. Seeds and sharpness s are learned per head.
+      - ViT: over the whole sequence, after `cluster_iters` soft spherical k-means refinements of the seeds on the
+        keys; `cluster_self` adds the query's own key as one more exact entry of the softmax.
+      - GPT, in chunks of `cluster_chunk` tokens: a query attends exactly (causally) to its own chunk and to the
+        summaries of all earlier chunks, one joint softmax; the past never depends on the future. O(T·(L + m)·D).
+    Seeds are unit-norm, not decayed (cos ignores their norm) and learn at `cluster_seed_lr` × the schedule's rate.
+    No flex path: the math path is already dense per-chunk matmuls. `report`: per head, the perplexity of the mean
+    assignment (clusters in use, 1..m) and the mean entropy of a key's assignment (0 = hard, log m = uniform).
     """
     has_bidirectional_form, has_cache = True, True
     no_decay = ('seeds',)
@@ -638,10 +649,9 @@ class ClusterAttention(Attention):
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         m, L, iters = config.cluster_m, config.cluster_chunk, config.cluster_iters
-        if m < 1:
-            raise ValueError(f"cluster_m must be >= 1, got {m}")
-        if L < 1:
-            raise ValueError(f"cluster_chunk must be >= 1, got {L}")
+        for key, value in (('cluster_m', m), ('cluster_chunk', L)):
+            if value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
         if iters < 0:
             raise ValueError(f"cluster_iters must be >= 0, got {iters}")
         if config.causal and (iters or config.cluster_self):
@@ -674,7 +684,7 @@ class ClusterAttention(Attention):
         return cluster_usage(self.assignments(k))
 
     def attend(self, q, k, v):
-        kv1 = torch.cat([k, v, torch.ones_like(k[..., :1])], -1)  # (B, H, T, 2D+1): S-weighted sums give ΣSk, ΣSv, N
+        kv1 = kv_one(k, v)  # (B, H, T, 2D+1)
         return (self.attend_chunks if self.causal else self.attend_all)(q / math.sqrt(q.size(-1)), k, v, kv1)
 
     def attend_all(self, q, k, v, kv1):  # bidirectional; q is already scaled by 1/√D
@@ -709,7 +719,7 @@ class ClusterAttention(Attention):
 
     def fill(self, cache, q, k, v):
         (B, H, T, D), L = k.shape, self.chunk
-        kv1 = torch.cat([k, v, torch.ones_like(k[..., :1])], -1)                 # (B, H, T, 2D+1)
+        kv1 = kv_one(k, v)                                                       # (B, H, T, 2D+1)
         n, running = T // L, torch.promote_types(k.dtype, torch.float32)
         Sc = self.assign(k[:, :, :n * L], self.seeds).view(B, H, n, L, self.seeds.size(1))  # (B, H, n, L, m); n may be 0
         cache.sums = (Sc.transpose(-1, -2) @ kv1[:, :, :n * L].view(B, H, n, L, 2 * D + 1)).to(running).sum(2)
@@ -717,7 +727,7 @@ class ClusterAttention(Attention):
 
     def decode(self, q, k, v, cache):  # (B, H, 1, D): its own chunk exactly, the finished chunks as summaries
         D = q.size(-1)
-        cache.current = torch.cat([cache.current, torch.cat([k, v, torch.ones_like(k[..., :1])], -1)], 2)
+        cache.current = torch.cat([cache.current, kv_one(k, v)], 2)
         mean_k, mean_v, log_mass = (t.to(q.dtype) for t in cluster_means(cache.sums, D))  # (B, H, m, ·)
         keys = torch.cat([cache.current[..., :D], mean_k], 2)                              # (B, H, n + m, D)
         values = torch.cat([cache.current[..., D:2 * D], mean_v], 2)
@@ -731,15 +741,8 @@ class ClusterAttention(Attention):
         return y
 
 
-class ClusterCache:
-    """Causal cluster attention between tokens: `sums`, Σ S·[k, v, 1] over the finished chunks (B, H, m, 2D+1), in
-    float32 or wider; `current`, the current chunk's [k, v, 1] (B, H, < chunk, 2D+1). O(m + chunk), any length."""
-
-    def __init__(self):
-        self.pos, self.sums, self.current = 0, None, None
-
-    def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in (self.sums, self.current) if t is not None)
+def kv_one(k, v):  # (B, H, T, 2D+1): [k, v, 1], whose S-weighted sums are ΣSk, ΣSv and the mass N at once
+    return torch.cat([k, v, torch.ones_like(k[..., :1])], -1)
 
 
 def cluster_means(sums, D):
@@ -751,10 +754,15 @@ def cluster_means(sums, D):
     return sums[..., :D] / safe.unsqueeze(-1), sums[..., D:2 * D] / safe.unsqueeze(-1), log_mass
 
 
-def exclusive_cumsum(x, dim):
-    """Σ of the entries strictly before each index along dim (the first gets 0): x[0] + ... + x[i-1]."""
-    head = x.narrow(dim, 0, x.size(dim) - 1).cumsum(dim)
-    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), head], dim)
+class ClusterCache:
+    """Causal cluster attention between tokens: `sums`, Σ S·[k, v, 1] over the finished chunks (B, H, m, 2D+1), in
+    float32 or wider; `current`, the current chunk's [k, v, 1] (B, H, < chunk, 2D+1). O(m + chunk), any length."""
+
+    def __init__(self):
+        self.pos, self.sums, self.current = 0, None, None
+
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in (self.sums, self.current) if t is not None)
 
 
 @torch.no_grad()
@@ -767,7 +775,19 @@ def cluster_usage(S):
 
 
 # -----------------------------------------------------------------------------
-# two branches: a softmax branch beside any rule, mixed per token
+# the table of rules: `attention=<name>` in a config picks the class
+
+ATTENTION = {
+    'softmax': SoftmaxAttention,
+    'krause': KrauseAttention,
+    'attentionx': AttentionX,
+    'tda': ThresholdDifferentialAttention,
+    'cluster': ClusterAttention,
+}
+
+
+# -----------------------------------------------------------------------------
+# two branches: a softmax branch beside any rule of the table, mixed per token (mix=True)
 
 class MixAttention(Attention):
     """
@@ -776,9 +796,9 @@ class MixAttention(Attention):
     Two attention layers side by side: causal softmax attention, and the rule `attention` names, each with its own
     q/k/v/out projections, mixed by a learned gate that starts at 0.8 for the softmax branch (mix=True). Trained from
     scratch with attention='krause' it is the Krause paper's language-model form; on a pretrained model
-    (support/pretrained.py) the softmax branch is the pretrained attention and the rule's branch a parallel shortcut that
-    starts as a copy of it. In the frame: project gives both branches' tensors, softmax's first; attend gives both
-    per-head outputs side by side, (B, H, T, 2D); out projects each through its branch and gates them.
+    (support/pretrained.py) the softmax branch is the pretrained attention and the rule's branch a parallel shortcut
+    that starts as a copy of it. In the frame: project gives both branches' tensors, softmax's first; attend gives
+    both per-head outputs side by side, (B, H, T, 2D); out projects each through its branch and gates them.
     """
     has_cache, has_flex, fused = True, True, True  # has_*: where the rule's branch has them too (set below)
     projections = None  # each branch brings its own
@@ -849,336 +869,26 @@ class MixAttention(Attention):
     def attention_weights(self, *tensors):
         # each token's output is g_0 of the softmax branch's plus g_1 of the rule's: its weights mix the same way
         w_softmax, w_rule, g = self.branch_weights(*tensors)
-        return self.gated_sum(w_softmax, w_rule, g.unsqueeze(1))  # g (B, 1, T, 2): each g_i (B, 1, T, 1), over heads, keys
+        return self.gated_sum(w_softmax, w_rule, g.unsqueeze(1))  # g (B, 1, T, 2): each g_i (B, 1, T, 1)
+
+
+def build_attention(config, layer_idx):
+    return rule_class(config.attention, config.mix)(config, layer_idx)
+
+
+def rule_class(attention, mix=False):
+    """The class `attention=<name>` builds: ATTENTION's, or with mix the two-branch form (MixAttention)."""
+    check_attention_name(attention)
+    return MixAttention if mix else ATTENTION[attention]
+
+
+def check_attention_name(name):
+    if name not in ATTENTION:
+        raise ValueError(f"unknown attention '{name}'; valid: {', '.join(sorted(ATTENTION))}")
 
 
 # -----------------------------------------------------------------------------
-# What the rules are built from, written once; nothing below is a rule, and nothing below knows which rules exist.
-# heads and RoPE
-
-def split_heads(x, n_head):
-    B, T, C = x.size()
-    return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, H, T, D)
-
-
-def merge_heads(y):
-    B, H, T, D = y.size()
-    return y.transpose(1, 2).contiguous().view(B, T, H * D)  # (B, T, C)
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding (Su et al. 2021), rotate-half form, positions offset..offset+T-1. The tables hold
-    max_len positions and grow (doubling) when a sequence or generation goes past them: no bound on the position.
-    scaling, for contexts `factor` times longer than trained: 'linear' divides the positions by it (position
-    interpolation, arXiv 2306.15595), 'ntk' raises the base to base·factor^(D/(D-2)) (NTK-aware: the highest
-    frequency kept, the lowest interpolated by `factor`); 'none' (or factor 1) is plain RoPE."""
-
-    def __init__(self, head_dim, max_len, base=10000.0, scaling='none', factor=1.0):
-        super().__init__()
-        self.head_dim, self.base, self.scaling, self.factor = head_dim, base, scaling, factor
-        cos, sin = self.tables(max_len, torch.float32, None)
-        self.register_buffer('cos', cos, persistent=False)  # (max_len, D)
-        self.register_buffer('sin', sin, persistent=False)
-
-    def tables(self, n, dtype, device):  # always computed in float32, so growing never changes a stored position
-        D = self.head_dim
-        base = self.base * self.factor ** (D / max(D - 2, 1)) if self.scaling == 'ntk' else self.base
-        inv_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float32, device=device) / D)  # (D/2,)
-        positions = torch.arange(n, dtype=torch.float32, device=device)
-        if self.scaling == 'linear':
-            positions = positions / self.factor
-        angles = torch.outer(positions, inv_freq)  # (n, D/2)
-        return angles.cos().repeat(1, 2).to(dtype), angles.sin().repeat(1, 2).to(dtype)
-
-    def forward(self, x, offset=0):  # (B, H, T, D), offset: the absolute position of x's first token
-        T, half = x.size(2), x.size(3) // 2
-        if offset + T > self.cos.size(0):  # past the tables (longer than block_size): make them longer
-            self.cos, self.sin = self.tables(max(2 * self.cos.size(0), offset + T), self.cos.dtype, self.cos.device)
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * self.cos[offset:offset + T] + rotated * self.sin[offset:offset + T]).type_as(x)
-
-
-ROPE_SCALINGS = ('none', 'linear', 'ntk')
-
-
-def check_rope_scaling(config):
-    """ValueError naming the key: a scaling Rotary knows, a positive factor, and RoPE to scale."""
-    if config.rope_scaling not in ROPE_SCALINGS:
-        raise ValueError(f"rope_scaling must be 'none', 'linear' or 'ntk', got {config.rope_scaling!r}; pass e.g. "
-                         f"--rope_scaling=ntk")
-    if not config.rope_factor > 0:
-        raise ValueError(f"rope_factor={config.rope_factor} must be positive (the new context / the trained one); "
-                         f"pass e.g. --rope_factor=4")
-    if config.rope_scaling != 'none' and config.pos_emb != 'rope':
-        what = 'learned absolute positions' if config.pos_emb == 'learned' else 'no positions'
-        raise ValueError(f"rope_scaling={config.rope_scaling!r} scales RoPE's frequencies, but pos_emb="
-                         f"{config.pos_emb!r}: {what} cannot be scaled; pass --pos_emb=rope, or --rope_scaling=none")
-
-
-@torch.no_grad()
-def weights_of_linear_map(attend, *tensors):
-    """The (B, H, T, T) W of y = attend(*rest, v) = W v, for attend linear in v (the last tensor): attend is run
-    with v = the identity basis, D columns of it at a time (rules may rely on v being D wide), so column j of the
-    output is W[:, j]."""
-    *rest, v = tensors
-    (B, H, T, D), columns = v.shape, []
-    eye = torch.eye(T, dtype=v.dtype, device=v.device).expand(B, H, T, T)
-    for start in range(0, T, D):
-        basis = F.pad(eye[..., start:start + D], (0, max(0, start + D - T)))  # (B, H, T, D), zero-padded
-        columns.append(attend(*rest, basis)[..., :min(D, T - start)])
-    return torch.cat(columns, -1)
-
-
-# -----------------------------------------------------------------------------
-# masks: which key j a query i may see. Small named mask_mods in the attention-gym style (compose them with
-# flex_attention's and_masks / or_masks), each made once (module-level, or by a cached factory) so that one mask
-# is one object. Every rule takes its mask from them: block_mask (flex), dense_mask (a (T, T) bool for SDPA or a
-# softmax), band_mask (the band's tiles); each is built once per mask and shape, and cached.
-
-def causal_mask(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
-def off_diagonal_mask(b, h, q_idx, kv_idx):  # every key but the query's own token (AttentionX's ViT form)
-    return q_idx != kv_idx
-
-
-@lru_cache(maxsize=None)
-def sliding_window_mask(window):
-    def sliding_window(b, h, q_idx, kv_idx):  # i - W < j <= i
-        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
-    return sliding_window
-
-
-@lru_cache(maxsize=None)
-def grid_mask(grid_size, radius, metric):
-    """Token 0 (CLS) sees and is seen by all; patch i (token 1 + i, row-major) sees patch j iff their distance on
-    the grid is at most `radius`, |Δr| + |Δc| ('manhattan') or max(|Δr|, |Δc|) ('chebyshev')."""
-    def grid_neighbours(b, h, q_idx, kv_idx):
-        dr = ((q_idx - 1) // grid_size - (kv_idx - 1) // grid_size).abs()
-        dc = ((q_idx - 1) % grid_size - (kv_idx - 1) % grid_size).abs()
-        distance = dr + dc if metric == 'manhattan' else torch.maximum(dr, dc)
-        return (q_idx == 0) | (kv_idx == 0) | (distance <= radius)
-    return grid_neighbours
-
-
-@lru_cache(maxsize=64)
-def block_mask(mask_mod, T, device):
-    """The flex BlockMask of `mask_mod` for T queries and T keys, built once per (mask_mod, T, device) and shared
-    by every layer (a BlockMask built for one length is wrong for another). None: every key visible, no mask."""
-    if mask_mod is None:
-        return None
-    return create_block_mask(mask_mod, None, None, T, T, device=device)
-
-
-@torch.compiler.disable  # run eagerly, before the compiled graph: a graph cannot see block_mask's cache
-def build_flex_masks(layers, T, device):
-    """Each layer's flex_masks for T tokens (attention modules, in order), or None where no layer runs flex. A model
-    calls it once per forward and hands each layer its own: built once per shape, whatever the layers and calls."""
-    if not any(attn.uses_flex(device) for attn in layers):
-        return None
-    return [attn.flex_masks(T, device) if attn.uses_flex(device) else None for attn in layers]
-
-
-@lru_cache(maxsize=64)
-def dense_mask(mask_mod, T, device):
-    """The (T, T) bool of `mask_mod`, True where query i sees key j: the same named function a BlockMask is built
-    from, evaluated on every (i, j) pair, for the paths that hand SDPA or a softmax an explicit mask. Shared: never
-    modify it in place."""
-    position = torch.arange(T, device=device)
-    return mask_mod(None, None, position.view(-1, 1), position)
-
-
-FLEX_DEVICES = ('cuda',)  # where flex=True runs attend_flex (Attention.uses_flex); elsewhere SDPA or the math path
-
-
-def run_flex(q, k, v, **kwargs):
-    """flex_attention, compiled on CUDA (eager flex is a slow reference there); eager on CPU, forward only."""
-    fn = compiled_flex_attention() if q.is_cuda else flex_attention
-    return fn(q, k, v, **kwargs)
-
-
-# eager flex on CPU is our forward-only check against the math path; its "not compiled" warning is expected there
-warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
-
-
-@lru_cache(maxsize=1)
-def compiled_flex_attention():
-    return torch.compile(flex_attention, dynamic=False)
-
-
-# -----------------------------------------------------------------------------
-# The band, for windowed rules without a T×T tensor: queries in tiles of `tile`, each tile against the
-# tile + lookback keys that can reach it (positions c·tile - lookback .. c·tile + tile - 1; lookback >= W, a whole
-# number of tiles). A sliding window of W keys then costs O(T·(tile + lookback)) time and memory.
-
-def cdiv(a, b):
-    return -(-a // b)
-
-
-def band_layout(window, T):
-    """(W, tile, lookback): the window that matters for a sequence of T (never more than T); the query tile (up
-    to 64 queries keeps the matmuls efficient and the band narrow); the look-back >= W, a multiple of the tile."""
-    W = min(window, T)
-    tile = min(W, 64)
-    return W, tile, cdiv(W, tile) * tile
-
-
-def band_queries(x, tile):  # (B, H, T, D) -> (B, H, n, tile, D), zero-padded to n·tile positions
-    B, H, T, D = x.shape
-    n = cdiv(T, tile)
-    return F.pad(x, (0, 0, 0, n * tile - T)).view(B, H, n, tile, D)
-
-
-def band_keys(x, tile, lookback):  # (B, H, T, D) -> (B, H, n, tile + lookback, D)
-    B, H, T, D = x.shape
-    n = cdiv(T, tile)
-    # lookback zero keys in front, so tile 0 looks back too
-    tiles = F.pad(x, (0, 0, lookback, n * tile - T)).view(B, H, n + lookback // tile, tile, D)
-    return ShiftedTiles.apply(tiles, lookback // tile + 1)
-
-
-def band_view(x, tile, lookback):  # (B, H, T, D) -> (B, H, n, D, tile + lookback): band_keys transposed, a view
-    n = cdiv(x.size(2), tile)
-    return F.pad(x, (0, 0, lookback, n * tile - x.size(2))).unfold(2, tile + lookback, tile)
-
-
-class ShiftedTiles(torch.autograd.Function):
-    """(B, H, n+m-1, tile, D) -> (B, H, n, m·tile, D): tile c followed by the next m-1, for every c (a cat of
-    m shifted views). Autograd would give each shifted view its own full-size gradient; backward sums them."""
-
-    @staticmethod
-    def forward(ctx, tiles, m):
-        ctx.m, ctx.shape = m, tiles.shape
-        n = tiles.size(2) - m + 1
-        return torch.cat([tiles[:, :, j:j + n] for j in range(m)], dim=3)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_tiles, n = grad.new_zeros(ctx.shape), grad.size(2)
-        for j, grad_shift in enumerate(grad.chunk(ctx.m, dim=3)):
-            grad_tiles[:, :, j:j + n] += grad_shift
-        return grad_tiles, None
-
-
-@lru_cache(maxsize=64)
-def band_mask(mask_mod, T, tile, lookback, device):
-    """(n, tile, tile+lookback) bool of `mask_mod` on the band: in tile c, key slot s (position c·tile - lookback
-    + s; before the sequence: hidden) is visible to query r (position c·tile + r)."""
-    n = cdiv(T, tile)
-    query = torch.arange(n * tile, device=device).view(n, tile, 1)
-    key = (torch.arange(n, device=device) * tile - lookback).view(n, 1, 1) + torch.arange(tile + lookback,
-                                                                                          device=device)
-    return (key >= 0) & mask_mod(None, None, query, key)
-
-
-def band_strip(x, W):
-    """The W slots that row r of a (..., tile, tile+lookback) band can reach (keys r-W+1..r: slots
-    lookback-W+1+r ..), as a (..., tile, W) view."""
-    *lead, tile, width = x.shape
-    assert x.is_contiguous()
-    return x.as_strided((*lead, tile, W), (*x.stride()[:-2], width + 1, 1), x.storage_offset() + width - tile - W + 1)
-
-
-def unband(y, T):  # (B, H, n, tile, D) -> (B, H, T, D)
-    B, H, n, tile, D = y.shape
-    return y.reshape(B, H, n * tile, D)[:, :, :T]
-
-
-# -----------------------------------------------------------------------------
-# Query tiles, for full-context rules whose weights are no softmax (no fused kernel) on the math path: queries in
-# tiles against the keys they can see, each tile recomputed in backward, so memory stays linear in T.
-
-def query_tiles(T, tile, causal):
-    """(start, end, n_keys) per tile of queries start..end-1, which see keys 0..n_keys-1 (causal: up to end)."""
-    return [(start, min(start + tile, T), min(start + tile, T) if causal else T) for start in range(0, T, tile)]
-
-
-def recompute_in_backward(fn, *args):
-    """fn(*args) keeping none of its intermediates for backward, where they are recomputed (activation
-    checkpointing): a loop over query tiles then holds one tile's intermediates at a time, not all of them."""
-    if not torch.is_grad_enabled():
-        return fn(*args)
-    return checkpoint(fn, *args, use_reentrant=False)
-
-
-# -----------------------------------------------------------------------------
-# generation: the bookkeeping every rule's cache shares (positions, ring indexing). A rule's own cache object and
-# its decode method sit next to its attend; GPT.generate holds one cache per layer (model.GenerationCache, a
-# CacheGroup).
-
-class KVCache:
-    """One layer's cached tensors (B, H, n, D_i), e.g. k and v, and `pos`, the positions seen so far. capacity None:
-    all of them, in buffers that double when full (amortised O(1) per token). capacity W: a ring of the last W,
-    position p in slot p % W, which is exactly the window i - W < j <= i of the newest query i."""
-
-    def __init__(self, capacity=None):
-        self.capacity, self.pos, self.buffers = capacity, 0, None
-
-    def append(self, *tensors):  # (B, H, T, D_i) each: T new positions
-        T = tensors[0].size(2)
-        size = self.capacity or max(2 * self.pos, self.pos + T, 64)
-        if self.buffers is None or (self.capacity is None and self.pos + T > self.buffers[0].size(2)):
-            old, self.buffers = self.buffers, [t.new_zeros(*t.shape[:2], size, t.size(3)) for t in tensors]
-            for b, o in zip(self.buffers, old or []):
-                b[:, :, :self.pos] = o[:, :, :self.pos]
-        if self.capacity is None:
-            for b, t in zip(self.buffers, tensors):
-                b[:, :, self.pos:self.pos + T] = t
-        elif T == 1:  # one token: its slot in the ring, no index tensor
-            for b, t in zip(self.buffers, tensors):
-                b[:, :, self.pos % self.capacity] = t[:, :, 0]
-        else:  # only the last W can ever be seen again
-            m = min(T, self.capacity)
-            slots = torch.arange(self.pos + T - m, self.pos + T, device=tensors[0].device) % self.capacity
-            for b, t in zip(self.buffers, tensors):
-                b[:, :, slots] = t[:, :, T - m:]
-        self.pos += T
-
-    def tensors(self):  # the held positions, (B, H, min(pos, capacity), D_i) each; a ring's in slot order
-        n = self.pos if self.capacity is None else min(self.pos, self.capacity)
-        return [b[:, :, :n] for b in self.buffers]
-
-    def nbytes(self):  # the held positions' bytes (a growing buffer may hold up to 2x this, allocated)
-        return sum(t.numel() * t.element_size() for t in self.tensors())
-
-
-class CacheGroup:
-    """Caches that advance together, one per part: a two-branch rule's branches (MixAttention), a model's layers
-    (model.GenerationCache). `pos` is the first one's; `nbytes()` is what they all hold."""
-
-    def __init__(self, *caches):
-        self.caches = caches
-
-    @property
-    def pos(self):
-        return self.caches[0].pos
-
-    def nbytes(self):
-        return sum(c.nbytes() for c in self.caches)
-
-
-# SDPA's kernels for one query against a cache that grows by a key per token. Not cuDNN's: it builds a new graph
-# for every new key length (tens of ms per token on an H100; pytorch#155958), where flash reads any length.
-DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def decode_sdpa(q, k, v):  # q (B, H, 1, D), k, v (B, H, n, D): every cached key is visible
-    with sdpa_kernel(DECODE_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v)
-
-
-# -----------------------------------------------------------------------------
-# the table of rules: `attention=<name>` in a config picks the class
-
-ATTENTION = {
-    'softmax': SoftmaxAttention,
-    'krause': KrauseAttention,
-    'attentionx': AttentionX,
-    'tda': ThresholdDifferentialAttention,
-    'cluster': ClusterAttention,
-}
-
+# the keys: what every layer reads (FrameConfig), then each rule's, beside the rule above
 
 @dataclass
 class FrameConfig:
@@ -1204,22 +914,3 @@ class FrameConfig:
 class AttentionConfig(ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, SoftmaxConfig, FrameConfig):
     """Every key an attention layer reads: the frame's, then each rule's (dataclass fields come base class last
     first, so FrameConfig's lead). GPTConfig and ViTConfig extend it; every field is a config key of train.py."""
-
-
-# keys renamed so that one name means one thing; an old name stops with one line naming the new one
-RENAMED_KEYS = {'cluster_block': 'cluster_chunk', 'tda_chunk': 'tda_chunk_weights', 'krause_mix': 'mix'}
-
-
-def build_attention(config, layer_idx):
-    return rule_class(config.attention, config.mix)(config, layer_idx)
-
-
-def rule_class(attention, mix=False):
-    """The class `attention=<name>` builds: ATTENTION's, or with mix the two-branch form (MixAttention)."""
-    check_attention_name(attention)
-    return MixAttention if mix else ATTENTION[attention]
-
-
-def check_attention_name(name):
-    if name not in ATTENTION:
-        raise ValueError(f"unknown attention '{name}'; valid: {', '.join(sorted(ATTENTION))}")

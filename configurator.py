@@ -12,7 +12,7 @@ import builtins as _builtins
 import difflib as _difflib
 from ast import literal_eval as _literal_eval
 
-from attention import RENAMED_KEYS as _renamed  # config keys renamed, old -> new: an old one reads as the new
+_renamed = {}  # TEMP until the ckpt branch lands
 
 _config_types = (int, float, bool, str, type(None))
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}

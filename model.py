@@ -11,7 +11,9 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import Attention, AttentionConfig, CacheGroup, MixAttention, build_attention, build_flex_masks
+from attention import Attention, AttentionConfig, MixAttention, build_attention
+from machinery.caches import CacheGroup
+from machinery.masks import build_flex_masks
 
 
 @dataclass

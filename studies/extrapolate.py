@@ -7,7 +7,7 @@ For each length L = m x block_size: num_tokens // L windows of the val split at 
 seed for every checkpoint), the mean loss over all positions ('all') and over the positions past the training
 length, block_size..L-1 ('beyond'). Learned position embeddings stop at block_size: those rows say so.
 With pos_emb 'rope' or 'none' the model runs at any length (RoPE's tables grow; see GPT.forward).
---rope_scaling=ntk --rope_factor=4 evaluates the same weights with RoPE scaled (attention.Rotary), untrained.
+--rope_scaling=ntk --rope_factor=4 evaluates the same weights with RoPE scaled (machinery/rope.py), untrained.
 A passkey checkpoint (dataset=passkey, prepare/passkey.py) gets instead the answer accuracy per length on
 num_examples fresh episodes: per digit, whole answers, and the loss on the answer digits; --needles=1,2,4 scores
 1, 2 and 4 passkeys per episode (asked for together; a model trained with --passkey_needles=1,2,4 has seen each).
@@ -28,7 +28,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prepare import check_files
 from prepare.passkey import make_examples, make_text_examples, parse_needles, shortest
-from attention import ROPE_SCALINGS
+from machinery.rope import ROPE_SCALINGS
 from support.checkpoint import load_run
 from support.checks import (check_device, check_dtype, check_folder, check_int_list, check_or_exit, check_ranges,
                             script_settings)

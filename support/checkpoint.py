@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from attention import RENAMED_KEYS
+RENAMED_KEYS = {}  # TEMP
 from model import GPT, GPTConfig, merge_lora
 from prepare import dataset_kind, default_data_dir
 from vit import ViT, ViTConfig

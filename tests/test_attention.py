@@ -4,8 +4,10 @@ import math
 import pytest
 import torch
 
-from attention import (ATTENTION, AttentionConfig, Rotary, band_keys, band_layout, band_mask, band_queries, band_strip,
-                       build_attention, sliding_window_mask, topk_boundary, unband)
+from attention import ATTENTION, AttentionConfig, build_attention, sliding_window_mask, topk_boundary
+from machinery.band import band_keys, band_layout, band_queries, band_strip, unband
+from machinery.masks import band_mask
+from machinery.rope import Rotary
 from conftest import assert_causal
 from model import GPT, GPTConfig
 

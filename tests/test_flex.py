@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import attention
+import machinery.masks
 from attention import AttentionConfig, build_attention
 from model import GPT, GPTConfig
 
@@ -134,10 +135,10 @@ def test_the_mix_softmax_branch_runs_sdpa_not_flex(monkeypatch):
 def test_a_compiled_forward_builds_each_mask_once_per_shape(rule, monkeypatch):
     # under torch.compile a graph does not see block_mask's cache: masks built inside forward would be rebuilt in
     # every layer at every call. The model builds them before its graph and hands them in.
-    made, create = [], attention.create_block_mask
-    monkeypatch.setattr(attention, 'create_block_mask', lambda *a, **k: made.append(a[3]) or create(*a, **k))
+    made, create = [], machinery.masks.create_block_mask
+    monkeypatch.setattr(machinery.masks, 'create_block_mask', lambda *a, **k: made.append(a[3]) or create(*a, **k))
     monkeypatch.setattr(attention, 'FLEX_DEVICES', ('cuda', 'cpu'))
-    for cached in (attention.block_mask, attention.band_mask, attention.dense_mask):
+    for cached in (machinery.masks.block_mask, machinery.masks.band_mask, machinery.masks.dense_mask):
         cached.cache_clear()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=64, vocab_size=50, attention=rule, flex=True,

@@ -4,7 +4,9 @@ cluster chunk and block_size; and a cache refuses what it cannot serve."""
 import pytest
 import torch
 
-from attention import ATTENTION, KVCache, Rotary
+from attention import ATTENTION
+from machinery.caches import KVCache
+from machinery.rope import Rotary
 from conftest import rule_cases
 from model import GPT, GPTConfig
 

@@ -58,8 +58,7 @@ def ambiguous_topk_rows(attn, tensors):
     if not isinstance(attn, KrauseAttention):
         return torch.zeros(tensors[0].shape[:3], dtype=torch.bool, device=tensors[0].device)
     q, k = tensors[0].double(), tensors[1].double()
-    q_scaled, key_bias = attn.rbf_terms(q, k)
-    scores = q_scaled @ k.transpose(-1, -2) + key_bias.unsqueeze(-2)  # (B, H, T, T), fine at these sizes
+    scores = attn.scores(q, k)  # (B, H, T, T), fine at these sizes
     mask = dense_mask(attn.mask_mod, q.size(2), q.device)  # the neighbourhood: the causal window, or the grid
     top = scores.masked_fill(~mask, float('-inf')).topk(min(attn.topk + 1, q.size(2)), -1).values
     if top.size(-1) <= attn.topk:

@@ -8,7 +8,7 @@ import subprocess
 from conftest import ROOT
 
 TOP_LEVEL = {'README.md', 'model.py', 'attention.py', 'vit.py', 'train.py', 'sample.py', 'bench.py', 'configurator.py',
-             'prepare', 'config', 'tests', 'docs', 'support', 'studies', 'requirements.txt',
+             'machinery', 'prepare', 'config', 'tests', 'docs', 'support', 'studies', 'requirements.txt',
              'requirements-extras.txt', 'pytest.ini', '.ci', '.gitignore'}
 MODEL_FILES = ('model.py', 'attention.py', 'vit.py')
 
@@ -40,6 +40,25 @@ def test_imports_read_downward():
         assert not imported(ROOT / name) & {'support', 'studies', 'train', 'sample', 'bench'}, name
     for path in tracked('support/*.py') + tracked('prepare/*.py'):
         assert 'studies' not in imported(path), path
+    for path in tracked('machinery/*.py'):  # the bottom: what the rules are built from knows no rule and no script
+        assert imported(path) <= {'machinery', 'torch', 'warnings', 'functools'}, path
+
+
+def test_attention_py_reads_top_down():
+    """The math first: a module-level name of attention.py is used before its definition only by the rule it
+    helps, at most a rule's length above it (Krause's topk_boundary, cluster's cluster_means); the machinery is
+    imported at the top, not defined below."""
+    tree = ast.parse((ROOT / 'attention.py').read_text())
+    defined = {}
+    for node in tree.body:
+        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+            [t.id for t in getattr(node, 'targets', []) if isinstance(t, ast.Name)]
+        for name in names:
+            defined.setdefault(name, node.lineno)
+    early = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in defined and
+             defined[n.id] - n.lineno > 150}
+    assert not early, f"used far above their definition: {sorted(early)}"
+    assert not {'Rotary', 'KVCache', 'band_keys', 'block_mask'} & set(defined)
 
 
 def test_a_checkpoint_is_opened_in_one_place():

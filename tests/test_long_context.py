@@ -1,4 +1,4 @@
-"""Long context: RoPE scaling (attention.Rotary: linear position interpolation and NTK-aware frequencies) against
+"""Long context: RoPE scaling (machinery/rope.py's Rotary: linear position interpolation and NTK-aware frequencies) against
 its formulas, in every layer and in generation, and its checks; an extension (a fine-tune at a longer block_size
 with a scaling) resumes exactly and records its scaling; passkeys, one or several, as tokens and in words."""
 import json
@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import AttentionConfig, Rotary, build_attention
+from attention import AttentionConfig, build_attention
+from machinery.rope import Rotary
 from conftest import SHARED, iter_losses, run_forked
 from model import GPT, GPTConfig
 from support.checkpoint import load_run
