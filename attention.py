@@ -312,31 +312,29 @@ class KrauseAttention(Attention):
         return band_queries(q_scaled, tile) @ keys + biases
 
     def topk_softmax(self, scores, mask, reachable=None):
-        """Attention weights and each row's top-k boundary (..., 1) from fresh scores and the neighbourhood mask
-        (None: every key visible): the top k of each row (chosen among `reachable(scores)`, the slots a row can
-        reach, if given), softmax, dropout. The boundary carries no gradient: it sits halfway between a row's k-th
-        and (k+1)-th score (topk_boundary), so flex, which rounds the scores its own way, keeps the same keys.
-        Out-of-place fills: torch.compile's inductor fails on in-place ones here (KeyError 'buf1', torch 2.13)."""
+        """The weights from fresh scores and the neighbourhood mask (None: all visible): the top k of each row
+        (among `reachable(scores)`, the slots a row can reach, if given) kept by a boundary halfway between its k-th
+        and (k+1)-th score, so flex, which rounds its own way, keeps the same keys; softmax; dropout. Out-of-place
+        fills: torch.compile's inductor fails on in-place ones here (KeyError 'buf1', torch 2.13)."""
         scores = scores if mask is None else scores.masked_fill(~mask, float('-inf'))
         boundary = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
         scores = scores.masked_fill(scores < boundary, float('-inf'))
-        return F.dropout(scores.softmax(-1), self.dropout, self.training), boundary
+        return F.dropout(scores.softmax(-1), self.dropout, self.training)
 
     def attend(self, q, k, v):
         if self.grid:  # the ViT: 65 tokens, every pair
             return self.attend_dense(q, k, v)
         T = q.size(2)
         W, tile, lookback = band_layout(self.krause_window, T)
-        weights, _ = self.topk_softmax(self.scores(q, k, band=(tile, lookback)), self.neighbours(T, q.device),
-                                       lambda s: band_strip(s, W))       # (B, H, n, tile, tile+lookback)
+        weights = self.topk_softmax(self.scores(q, k, band=(tile, lookback)), self.neighbours(T, q.device),
+                                    lambda s: band_strip(s, W))          # (B, H, n, tile, tile+lookback)
         return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
 
     def attend_dense(self, q, k, v):
         """Every (i, j) pair, a (B, H, T, T) matrix: the ViT's path, and the official code's way for the GPT."""
-        weights, _ = self.topk_softmax(self.scores(q, k), dense_mask(self.mask_mod, q.size(2), q.device))
-        return weights @ v
+        return self.topk_softmax(self.scores(q, k), dense_mask(self.mask_mod, q.size(2), q.device)) @ v
 
-    def neighbours(self, T, device):  # N_i as the paths that are not flex read it: on the band (GPT), every pair (ViT)
+    def neighbours(self, T, device):  # N_i off flex: on the band (GPT), every pair (ViT)
         if self.grid:
             return dense_mask(self.mask_mod, T, device)
         _, tile, lookback = band_layout(self.krause_window, T)
@@ -384,8 +382,7 @@ class KrauseAttention(Attention):
     def decode(self, q, k, v, cache):  # (B, H, 1, D): the top k of the (up to W) keys the ring holds
         cache.append(k, v, self.key_bias(k).unsqueeze(-1))
         keys, values, key_bias = cache.tensors()                # (B, H, n <= W, D), (B, H, n, D), (B, H, n, 1)
-        weights, _ = self.topk_softmax(self.scores(q, keys, key_bias), None)  # every key the ring holds is visible
-        return weights @ values
+        return self.topk_softmax(self.scores(q, keys, key_bias), None) @ values  # every key the ring holds: visible
 
 
 def krause_topk_schedule(topk, n_layer):
