@@ -1,4 +1,4 @@
-"""One loader (support.checkpoint.load_run) from a checkpoint to (model, config, meta, data folder), used by every
+"""One loader (support.loading.load_run) from a checkpoint to (model, config, meta, data folder), used by every
 script: the same checkpoint read by each script's path gives the same logits, LoRA included; an old checkpoint (no
 data_dir recorded, krause_mix) reads as it was meant; analyze.py reads a pixel model's data through the one reader
 (support.data.Batches); the scripts given only --out_dir run from the repo root."""
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from conftest import ROOT, run_forked, write_tiny_cifar
 from model import GPT, GPTConfig
 from prepare import check_files, default_data_dir
-from support.checkpoint import load_checkpoint, load_run
+from support.loading import load_checkpoint, load_run
 from support.data import Batches
 
 TEXT = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4',

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from attention import AttentionConfig, Rotary, build_attention
 from conftest import SHARED, iter_losses, run_forked
 from model import GPT, GPTConfig
-from support.checkpoint import load_run
+from support.loading import load_run
 
 
 def rotate(x, angles):

@@ -196,7 +196,7 @@ def test_cached_generation_with_a_shortcut_equals_uncached(hub, kw):
 
 def test_an_old_krause_mix_checkpoint_loads(tmp_path):
     """Before MixAttention took any rule, the Krause branch's parameters were named attn.krause.*."""
-    from support.checkpoint import load_checkpoint
+    from support.loading import load_checkpoint
     args = dict(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause', krause_window=4,
                 krause_topk=2)
     model = GPT(GPTConfig(**args, mix=True))

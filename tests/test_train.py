@@ -93,7 +93,7 @@ def test_a_renamed_key_reads_as_the_new_one_and_an_old_checkpoint_loads(tmp_path
     assert saved['model_args']['mix'] is True and 'krause_mix' not in saved['model_args']
     assert any('.attn.gate.' in name for name in saved['model'])  # the two-branch layer was built
     # a checkpoint written before the renames: its settings read with the new names, and its model builds
-    from support.checkpoint import load_checkpoint
+    from support.loading import load_checkpoint
     from model import GPT, GPTConfig
     args = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11, attention='cluster', cluster_m=4)
     old = GPT(GPTConfig(**args, cluster_chunk=8))
