@@ -1,14 +1,14 @@
 """
 Loading a run: a train.py checkpoint (ckpt.pt) read back with one clear error, and the one way from it to a model
-(load_run: the model, its config, meta and data folder). A checkpoint written before a key was renamed reads with
-today's names.
+(load_run: the model, its config, meta and data folder). A checkpoint whose model_args hold a key the model no longer
+has (written by an older version) is one `error:` line, before any model is built.
 """
 import os
+from dataclasses import fields
 from typing import NamedTuple
 
 import torch
 
-from attention import RENAMED_KEYS
 from model import GPT, GPTConfig, merge_lora
 from prepare import dataset_kind, default_data_dir
 from vit import ViT, ViTConfig
@@ -49,17 +49,9 @@ def load_run(path, device='cpu', hint="train one first or pass --out_dir=DIR", *
     return Run(merge_lora(model).to(device).eval(), config, meta, data_dir, checkpoint.get('iter_num', 0))
 
 
-def migrate_krause_mix(settings):
-    """krause_mix=True (the older spelling, Krause only) read as mix=True: mix = mix or (krause_mix and krause)."""
-    if 'krause_mix' in settings:
-        krause_mix = settings.pop('krause_mix')
-        settings['mix'] = bool(settings.get('mix')) or bool(krause_mix and settings.get('attention') == 'krause')
-
-
 def load_checkpoint(path, device, hint="check out_dir"):
-    """The checkpoint dict at `path`, or SystemExit with one `error:` line that says what to do. A checkpoint written
-    before a config key was renamed (attention.RENAMED_KEYS) reads as if written with the new name; krause_mix=True,
-    mix's older spelling for Krause, as mix=True."""
+    """The checkpoint dict at `path`, or SystemExit with one `error:` line that says what to do: also where its
+    model_args hold a key that neither model has any more (check_model_keys)."""
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
@@ -67,12 +59,17 @@ def load_checkpoint(path, device, hint="check out_dir"):
     except Exception as e:
         raise SystemExit(f"error: cannot read checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
                          f"it is corrupt or not ours: delete it, or point out_dir elsewhere")
-    if checkpoint.get('model_args', {}).get('krause_mix') and 'model' in checkpoint:  # the Krause branch of the mix
-        # form was `krause` until the mix took any rule (MixAttention's `rule`)
-        checkpoint['model'] = {k.replace('.attn.krause.', '.attn.rule.'): v for k, v in checkpoint['model'].items()}
-    for settings in (checkpoint.get('model_args', {}), checkpoint.get('config', {})):
-        migrate_krause_mix(settings)  # not the plain rename below: it would overwrite mix, and only Krause mixed
-        for old, new in RENAMED_KEYS.items():
-            if old in settings:
-                settings[new] = settings.pop(old)
+    if isinstance(checkpoint, dict) and isinstance(checkpoint.get('model_args'), dict):
+        check_model_keys(checkpoint['model_args'], path)
     return checkpoint
+
+
+def check_model_keys(model_args, path):
+    """SystemExit with one `error:` line naming the keys of model_args that neither GPTConfig nor ViTConfig has: a
+    checkpoint of an older version, whose keys are not guessed at (a key's meaning may have changed with its name)."""
+    known = {f.name for cls in (GPTConfig, ViTConfig) for f in fields(cls)}
+    old = sorted(set(model_args) - known)
+    if old:
+        raise SystemExit(f"error: {path} was written by an older version, with model key(s) {', '.join(old)} that the "
+                         f"model no longer has; retrain it, or rename the key(s) in its model_args to today's "
+                         f"(python train.py --help lists them)")
