@@ -12,8 +12,6 @@ import builtins as _builtins
 import difflib as _difflib
 from ast import literal_eval as _literal_eval
 
-_renamed = {}  # TEMP until the ckpt branch lands
-
 _config_types = (int, float, bool, str, type(None))
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
 overridden = set()  # the keys a config file changed or --key=value gave (a fine-tune takes its base's for the rest)
@@ -34,14 +32,6 @@ def _run_config(source, path, scope):
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == path] or [None]
         where = f"{path}, line {frames[-1].lineno}" if frames[-1] else path
         _config_error(f"{where}: {type(e).__name__}: {e}; fix the config file")
-
-
-def _current_name(key, where):
-    """A key renamed since (attention.RENAMED_KEYS) reads as its new name, with one line saying so."""
-    if key not in _keys and _renamed.get(key) in _keys:
-        print(f"note: {key} is now called {_renamed[key]} (in {where}); read as {_renamed[key]}")
-        return _renamed[key]
-    return key
 
 
 def _checked(key, value, where):
@@ -97,15 +87,13 @@ for _arg in __import__('sys').argv[1:]:
             if _key.startswith('_') or _key == '__builtins__' or type(_val).__name__ == 'module':
                 continue
             if _key not in _keys or _val is not _keys[_key]:
-                _name = _current_name(_key, _arg)
-                globals()[_name] = _keys[_name] = _checked(_name, _val, _arg)
-                overridden.add(_name)
+                globals()[_key] = _keys[_key] = _checked(_key, _val, _arg)
+                overridden.add(_key)
         print(f"Overriding config with {_arg}")
     else:
         if '=' not in _arg:
             _config_error(f"'{_arg}' has no value; write --key=value")
         _key, _val = _arg[2:].split('=', 1)
-        _key = _current_name(_key, f"--{_key}")
         if not isinstance(_keys.get(_key), str) or _val[:1] in '\'"':  # a str key takes the text as it is
             try:
                 _val = _literal_eval(_val)  # numbers, booleans, None, quoted strings

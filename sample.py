@@ -23,7 +23,8 @@ import time
 import numpy as np
 import torch
 
-from support.checkpoint import load_run, write_or_exit
+from support.atomic import write_or_exit
+from support.loading import load_run
 from support.checks import (check_device, check_dtype, check_folder, check_or_exit, check_ranges,
                             check_writable_file, script_settings)
 from support.images import cache_mib, png_grid, timed_draw, to_images
@@ -135,7 +136,7 @@ def recall_episodes(model, task, shown, device, seed, n=1000):
 
 
 def load_gpt(init_from, device):
-    """(model, meta) of out_dir's checkpoint (init_from='resume', support.checkpoint.load_run) or of a base, in eval
+    """(model, meta) of out_dir's checkpoint (init_from='resume', support.loading.load_run) or of a base, in eval
     mode on the device, LoRA merged; meta holds the run's config and data_dir too. One error line if it cannot be
     had."""
     if init_from != 'resume':

@@ -21,13 +21,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from attention import AttentionConfig
-from support.checkpoint import MetricsLog, RunDir, check_resumable, load_checkpoint, restore_rng_states, rng_states
+from support.loading import load_checkpoint
+from support.metrics import MetricsLog
+from support.resume import check_resumable, restore_rng_states, rng_states
+from support.rundir import RunDir
 from support.checks import check_train_config
 from support.data import Batches, bits_per_dim
 from model import GPT, GPTConfig, attention_reports
 from support.pretrained import OWN_STARTS, check_tokens, fine_tune_args, load_base, load_base_weights
-from prepare import (check_dataset_dir, check_files, dataset_kind, default_data_dir, prepare_dataset,
-                     val_tokens_needed)
+from prepare import check_dataset_dir, check_files, dataset_kind, default_data_dir, prepare_dataset, val_tokens_needed
 from support.runtime import all_sum, init_ddp, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
 
@@ -115,8 +117,7 @@ def fail(msg):
     raise SystemExit(f"error: {msg}")
 
 
-# the run's hold on out_dir (checkpoint.RunDir): from here Ctrl-C, a failed write or the data gone mid-run end in one
-# line saying what is kept; open() below makes out_dir and takes its lock; at exit the lock is released
+# the hold on out_dir (RunDir): Ctrl-C, a failed write or data gone mid-run end in one line saying what is kept
 run = RunDir(out_dir, master=int(os.environ.get('RANK', 0)) == 0)
 # check every setting before any work is done: each bad value ends in one `error:` line that names it and the fix
 set_keys = overridden & set(config_keys)  # what the config files and the command line set (configurator.py)
@@ -196,8 +197,7 @@ if init_from == 'resume':
             base_name = checkpoint['base']
             model_args = fine_tune_args({'name': ckpt_path, 'model_args': checkpoint['model_args']}, model_args,
                                         set_keys)
-        check_resumable(checkpoint, ckpt_path, model_args, dataset, max_iters,  # this model and data, not past the end
-                        dataclass_defaults(ModelConfig, {}))
+        check_resumable(checkpoint, ckpt_path, model_args, dataset, max_iters, dataclass_defaults(ModelConfig, {}))
     except ValueError as e:
         fail(e)
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
@@ -297,9 +297,9 @@ def get_lr(it):
 
 gpu_peak_flops = peak_flops(device)
 
-# logging: out_dir/log.jsonl on rank 0, trimmed back to the checkpoint on resume (checkpoint.MetricsLog), and wandb;
-# eval_only measures a checkpoint, it is not training: the log stays as it is
-metrics = MetricsLog(out_dir, run.saved_iter, wandb_log, run.write_failed) if master_process and not eval_only else None
+# logging: log.jsonl on rank 0, trimmed back to the checkpoint on resume (MetricsLog), and wandb; not under eval_only
+metrics = (MetricsLog(out_dir, run.saved_iter, wandb_log, run.stop_on_failed_write)
+           if master_process and not eval_only else None)
 if master_process and wandb_log:
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)

@@ -1,6 +1,6 @@
 """
 What a researcher runs on checkpoints, each a script run from the repo root (`python studies/analyze.py
---out_dir=DIR`), each reading a run through support.checkpoint.load_run; and the lab's table, which trains them:
+--out_dir=DIR`), each reading a run through support.loading.load_run; and the lab's table, which trains them:
 
   analyze.py      per layer and head: the first-token share (sink), sparsity, entropy, rank collapse, token groups
   ablate.py       the lab's table: every rule on every system at a budget (tiny, cpu, paper), one folder per run

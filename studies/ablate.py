@@ -31,7 +31,8 @@ from tqdm import tqdm
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attention import ATTENTION
-from support.checkpoint import RunDir, write_atomically, write_or_exit, write_text
+from support.atomic import write_atomically, write_or_exit, write_text
+from support.rundir import RunDir
 from support.checks import check_int_list, check_or_exit, script_settings
 
 # -----------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def score_run(row, system, seed, arguments):
 def draw_speed(folder, batch):
     """Images per second drawn from a pixel model with its cache, `batch` images at once, on the device it trained on
     (support/images.py; here in the lab's process)."""
-    from support.checkpoint import load_run
+    from support.loading import load_run
     from support.images import timed_draw
     run = load_run(folder, 'cpu')
     model = run.model.to(run.config.get('device', 'cpu')).eval()

@@ -21,7 +21,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, layer_inputs_outputs
 from prepare import check_files
-from support.checkpoint import load_run
+from support.loading import load_run
 from support.checks import check_folder, check_int_list, check_or_exit, check_ranges, script_settings
 from support.data import Batches
 

@@ -29,7 +29,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
 from prepare import check_files
 from prepare.passkey import make_examples, make_text_examples, parse_needles, shortest
 from machinery.rope import ROPE_SCALINGS
-from support.checkpoint import load_run
+from support.loading import load_run
 from support.checks import (check_device, check_dtype, check_folder, check_int_list, check_or_exit, check_ranges,
                             script_settings)
 from support.data import Batches

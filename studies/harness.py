@@ -217,7 +217,7 @@ def check_harness_settings(c):
 def load_bpe_run(path):
     """load_run(path) on `device` (a LoRA fine-tune scored as its merged weights); SystemExit unless its model
     reads GPT-2 BPE."""
-    from support.checkpoint import load_run
+    from support.loading import load_run
     run = load_run(path, device)
     encoding = run.meta.get('encoding')
     if encoding != 'gpt2':
@@ -230,7 +230,7 @@ def load_bpe_run(path):
 def write_results(results, elapsed, table):
     """DIR/harness.json (the harness's results, configs and versions) and DIR/harness.md (its table), each written
     atomically; a failed write is one `error:` line (the table is printed before)."""
-    from support.checkpoint import write_or_exit
+    from support.atomic import write_or_exit
     keep = {k: v for k, v in results.items() if k != 'samples'}
     keep['attention_lab'] = {'out_dir': out_dir, 'tasks': tasks, 'limit': limit, 'batch_size': batch_size,
                              'use_cache': use_cache, 'device': device, 'dtype': dtype, 'seconds': elapsed}

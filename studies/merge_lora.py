@@ -11,7 +11,8 @@ import sys
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import merged_state
-from support.checkpoint import load_checkpoint, save_checkpoint
+from support.atomic import save_checkpoint
+from support.loading import load_checkpoint
 from support.checks import check_or_exit
 
 

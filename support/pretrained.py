@@ -22,7 +22,7 @@ import torch
 
 from attention import ClusterConfig, KrauseConfig, AttentionXConfig, TDAConfig
 from model import GPT, target_names
-from support.checkpoint import load_run
+from support.loading import load_run
 
 GPT2_MODELS = {'gpt2': 'openai-community/gpt2', 'gpt2-medium': 'openai-community/gpt2-medium',
                'gpt2-large': 'openai-community/gpt2-large', 'gpt2-xl': 'openai-community/gpt2-xl'}  # name -> Hub id

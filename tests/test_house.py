@@ -64,7 +64,7 @@ def test_attention_py_reads_top_down():
 def test_a_checkpoint_is_opened_in_one_place():
     opened = [p.relative_to(ROOT).as_posix() for p in tracked('*.py')
               if 'tests' not in p.parts and re.search(r"\btorch\.load\(", p.read_text())]
-    assert opened == ['support/checkpoint.py'], opened
+    assert opened == ['support/loading.py'], opened
 
 
 def test_readme_and_train_stay_short():

@@ -1,7 +1,8 @@
-"""One loader (support.checkpoint.load_run) from a checkpoint to (model, config, meta, data folder), used by every
-script: the same checkpoint read by each script's path gives the same logits, LoRA included; an old checkpoint (no
-data_dir recorded, krause_mix) reads as it was meant; analyze.py reads a pixel model's data through the one reader
-(support.data.Batches); the scripts given only --out_dir run from the repo root."""
+"""One loader (support.loading.load_run) from a checkpoint to (model, config, meta, data folder), used by every
+script: the same checkpoint read by each script's path gives the same logits, LoRA included; an old checkpoint with no
+data_dir recorded reads as it was meant, one with a key the model no longer has (krause_mix) is one error line;
+analyze.py reads a pixel model's data through the one reader (support.data.Batches); the scripts given only
+--out_dir run from the repo root."""
 import json
 import re
 import sys
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from conftest import ROOT, run_forked, write_tiny_cifar
 from model import GPT, GPTConfig
 from prepare import check_files, default_data_dir
-from support.checkpoint import load_checkpoint, load_run
+from support.loading import load_checkpoint, load_run
 from support.data import Batches
 
 TEXT = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4',
@@ -180,33 +181,31 @@ def test_analyze_reads_a_pixel_model_through_the_data_reader(runs):
     assert layers[0]['T'] == 47 and maps[0].shape == (analyze.batch_size, 2, 47, 47)
 
 
-def tiny_args(attention, mix):
-    return dict(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention=attention, mix=mix,
-                krause_window=4, krause_topk=2)
-
-
-@pytest.mark.parametrize('attention,saved,meant', [
-    ('krause', dict(krause_mix=True, mix=False), True),    # Krause's older spelling of mix=True
-    ('tda', dict(krause_mix=False, mix=True), True),        # a plain rename of krause_mix would overwrite this mix
-    ('softmax', dict(krause_mix=True, mix=False), False),  # krause_mix mixed Krause only
-])
-def test_a_checkpoint_with_krause_mix_loads_with_mix(tmp_path, attention, saved, meant):
-    """mix = mix or (krause_mix and attention == 'krause'), and the Krause branch's parameters, once named
-    attn.krause.*, are the mix's attn.rule.*: the same logits as the model that was saved."""
+@pytest.mark.parametrize('old', [dict(krause_mix=True), dict(cluster_block=8, tda_chunk=99)])
+def test_a_checkpoint_with_a_key_the_model_no_longer_has_is_one_error_line(tmp_path, monkeypatch, old):
+    """A checkpoint of an older version (krause_mix, mix's Krause-only spelling; cluster_block and tda_chunk, which
+    cluster_chunk and tda_chunk_weights replaced) is one `error:` line naming those keys and what to do, from
+    load_checkpoint and so from every script's load_run, before a model is built; without them it loads as saved."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**tiny_args(attention, meant))).eval()
-    state = model.state_dict()
-    if saved['krause_mix'] and attention == 'krause':  # written before the mix took any rule
-        state = {k.replace('.attn.rule.', '.attn.krause.'): v for k, v in state.items()}
-        assert any('.attn.krause.' in k for k in state)
-    model_args = {**asdict(model.config), **saved}
-    torch.save({'model': state, 'model_args': model_args, 'iter_num': 3,
-                'config': {'dataset': 'recall', 'data_dir': '', 'attention': attention, **saved},
-                'meta': {'kind': 'examples'}}, tmp_path / 'ckpt.pt')
-    checkpoint = load_checkpoint(str(tmp_path / 'ckpt.pt'), 'cpu')
-    for settings in (checkpoint['model_args'], checkpoint['config']):
-        assert settings['mix'] is meant and 'krause_mix' not in settings
-    run = load_run(str(tmp_path))
-    assert run.model.config.mix is meant and run.iter_num == 3 and run.data_dir == default_data_dir('recall')
-    idx = torch.randint(0, 7, (2, 12), generator=torch.Generator().manual_seed(1))
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause', mix=True,
+                          krause_window=4, krause_topk=2)).eval()
+    saved = {'model': model.state_dict(), 'model_args': asdict(model.config), 'iter_num': 3,
+             'config': {'dataset': 'recall', 'data_dir': ''}, 'meta': {'kind': 'examples'}}
+    torch.save(saved, tmp_path / 'ckpt.pt')
+    run, idx = load_run(str(tmp_path)), torch.randint(0, 7, (2, 12), generator=torch.Generator().manual_seed(1))
+    assert run.iter_num == 3 and run.data_dir == default_data_dir('recall')  # '': an older train.py's no data_dir
     assert torch.equal(logits(run.model, idx), logits(model, idx))
+    torch.save({**saved, 'model_args': {**saved['model_args'], **old}}, tmp_path / 'ckpt.pt')
+    before = (tmp_path / 'ckpt.pt').read_bytes()
+
+    def built(config):
+        raise AssertionError(f"a model was built from a checkpoint with {old}")
+    monkeypatch.setattr('support.loading.GPT', built)
+    line = (f"error: {tmp_path / 'ckpt.pt'} was written by an older version, with model key(s) {', '.join(sorted(old))}"
+            f" that the model no longer has; retrain it, or rename the key(s) in its model_args to today's (python "
+            f"train.py --help lists them)")
+    for load in (lambda: load_checkpoint(str(tmp_path / 'ckpt.pt'), 'cpu'), lambda: load_run(str(tmp_path))):
+        with pytest.raises(SystemExit) as stop:
+            load()
+        assert stop.value.code == line
+    assert (tmp_path / 'ckpt.pt').read_bytes() == before

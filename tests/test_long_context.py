@@ -13,7 +13,7 @@ from attention import AttentionConfig, build_attention
 from machinery.rope import Rotary
 from conftest import SHARED, iter_losses, run_forked
 from model import GPT, GPTConfig
-from support.checkpoint import load_run
+from support.loading import load_run
 
 
 def rotate(x, angles):

@@ -1,0 +1,165 @@
+"""
+A training run's hold on out_dir (RunDir): the lock (run.lock) that keeps a second run out, read through /proc
+(alive) to tell a live holder from a dead one; the atomic writes whose failure (disk full) is one line saying what
+is kept; Ctrl-C as one such line; and the cleanup at exit.
+"""
+import atexit
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+from support.atomic import failure_line, save_checkpoint, write_atomically, write_text
+from support.resume import kept_checkpoint_line
+
+
+class RunDir:
+    """What a training run holds in out_dir, and the one line any stop ends in. Made before any setting is checked
+    (nothing is written then): Ctrl-C from then on stops the run with one `error:` line saying what is kept and how
+    to go on, exit code 130. open() makes out_dir and, for a run that writes there, takes its lock, run.lock (created
+    with O_EXCL, holding `pid host`): a lock of a live process refuses the run, naming the pid; one left by a dead
+    process (a crash, kill -9) is taken over. At exit (atexit; after an error or Ctrl-C too) the lock is released and
+    the folders open() made are removed where they are still empty. save() and write_json() write atomically; a
+    failed write (disk full) or data gone mid-run (stop) ends the run in one line saying what is kept.
+    saved_iter: the iteration of the checkpoint this run saved (or resumed from), None if neither."""
+
+    def __init__(self, out_dir, master=True):
+        self.out_dir, self.master = out_dir, master
+        self.ckpt_path, self.lock_path = os.path.join(out_dir, 'ckpt.pt'), os.path.join(out_dir, 'run.lock')
+        self.saved_iter, self.made, self.locked, self.interrupted = None, [], False, False
+        signal.signal(signal.SIGINT, self.interrupt)
+        atexit.register(self.close)
+
+    def kept(self):
+        """What this run keeps: kept_checkpoint_line of its ckpt.pt."""
+        return kept_checkpoint_line(self.saved_iter, self.ckpt_path)
+
+    def go_on(self):
+        """How to go on after a stop: from this run's checkpoint where there is one."""
+        return "then go on with --init_from=resume" if self.saved_iter is not None else "then run it again"
+
+    def stop(self, what, todo):
+        """End the run: `error: what; what is kept; todo, then how to go on`."""
+        raise SystemExit(f"error: {what}; {self.kept()}; {todo}, {self.go_on()}")
+
+    def interrupt(self, signum, frame):
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops the cleanup too
+        self.interrupted = True
+        raise SystemExit(130)  # unwinds as KeyboardInterrupt would (temporary files removed); close() says the rest
+
+    def open(self, lock=True):
+        """Make out_dir (noting the folders made) and, with lock, take its lock; SystemExit with one line where the
+        folder cannot be made or another run holds it."""
+        folder = os.path.abspath(self.out_dir)
+        while not os.path.exists(folder):
+            self.made.append(folder)  # the deepest first
+            folder = os.path.dirname(folder)
+        try:
+            os.makedirs(self.out_dir, exist_ok=True)
+        except OSError as e:
+            raise SystemExit(f"error: cannot make out_dir={self.out_dir} ({e.strerror}); pass --out_dir=A_FOLDER "
+                             f"you can write to") from None
+        if lock:
+            self.take_lock()
+
+    def take_lock(self):
+        for _ in range(5):  # a stale lock removed, then created again: another run may do the same at once
+            try:
+                fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                holder = self.lock_holder()
+                if holder:
+                    raise SystemExit(f"error: out_dir={self.out_dir} is in use by another run ({holder}; "
+                                     f"{self.lock_path}); wait for it to end or stop it, or pass another --out_dir")
+                try:
+                    os.remove(self.lock_path)  # left by a dead process: taken over
+                except FileNotFoundError:
+                    pass
+                continue
+            except OSError as e:  # a folder we may not write to
+                raise SystemExit(f"error: {failure_line(self.lock_path, e)}; pass another --out_dir") from None
+            try:
+                with os.fdopen(fd, 'w') as f:
+                    f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            except OSError as e:  # the disk full
+                os.remove(self.lock_path)
+                raise SystemExit(f"error: {failure_line(self.lock_path, e)}; free some space, or pass another "
+                                 f"--out_dir") from None
+            self.locked = True
+            return
+        raise SystemExit(f"error: cannot take {self.lock_path}: other runs keep taking it; pass another --out_dir")
+
+    def lock_holder(self):
+        """'pid N' (or 'pid N on host H') of a live run holding the lock; None where the lock is stale."""
+        try:
+            with open(self.lock_path) as f:
+                pid, host = f.read().split()
+            pid = int(pid)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):  # being written this moment, or damaged: fresh means being taken
+            try:
+                return 'a lock being taken' if time.time() - os.path.getmtime(self.lock_path) < 10 else None
+            except OSError:
+                return None
+        if host != socket.gethostname():  # a shared disk: that process cannot be looked at from here
+            return f"pid {pid} on host {host}; if that run is gone, delete the lock"
+        return f"pid {pid}" if pid != os.getpid() and alive(pid) else None
+
+    def save(self, checkpoint):
+        """save_checkpoint to ckpt.pt; a failed write ends the run in one line, the previous ckpt.pt as it was."""
+        try:
+            save_checkpoint(checkpoint, self.ckpt_path)
+        except (OSError, RuntimeError) as e:
+            self.stop_on_failed_write(self.ckpt_path, e)
+
+    def write_json(self, name, obj):
+        path = os.path.join(self.out_dir, name)
+        try:
+            write_atomically(path, lambda tmp: write_text(tmp, json.dumps(obj)))
+        except OSError as e:
+            self.stop_on_failed_write(path, e)
+
+    def stop_on_failed_write(self, path, e):
+        """End the run: the write of `path` failed (failure_line), what is kept, and to free space."""
+        self.stop(failure_line(path, e), "free some space (or raise the file size limit)")
+
+    def close(self):
+        """At exit: release the lock, remove the empty folders open() made, and after Ctrl-C say what is kept."""
+        if self.locked:
+            try:
+                with open(self.lock_path) as f:
+                    mine = f.read().split()[:1] == [str(os.getpid())]
+                if mine:
+                    os.remove(self.lock_path)
+            except OSError:
+                pass
+            self.locked = False
+        for folder in self.made:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass  # not empty: what it holds is kept
+        self.made = []
+        if self.interrupted and self.master:
+            self.interrupted = False
+            print(f"error: interrupted (Ctrl-C); {self.kept()}; {self.go_on().removeprefix('then ')}",
+                  file=sys.stderr, flush=True)
+
+
+def alive(pid):
+    """Whether process `pid` runs on this machine (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except (OSError, IndexError):
+        return True
+
