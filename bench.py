@@ -1,6 +1,6 @@
 """
 Attention speed and memory. For each sequence length: forward+backward time and peak memory of one
-attention rule (`attend`, the part that differs between rules, on q/k/v of shape (batch, n_head, T, D)),
+attention rule (`attend`, the part that differs between rules, on q/k/v of shape (batch_size, n_head, T, D)),
 beside causal softmax SDPA measured in the same run (`vs_softmax` = ms / softmax ms).
 
 $ python bench.py --attention=softmax --window=256 --seq_lens=2048,8192
@@ -15,18 +15,18 @@ Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's reside
 causal flash softmax (SDPA) in the same run, with peak memory; --profile=True adds each case's top operations
 (torch.profiler, one step after the timing). The flex paths on a GPU, e.g.:
 $ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_layer=12 --n_head=12 --n_embd=768 \
-      --bias=False --batch=12 --seq_lens=1024,4096,8192 --profile=True
+      --bias=False --batch_size=12 --seq_lens=1024,4096,8192 --profile=True
 
 --mode=generate: decoding with the KV cache (GPT.generate). For each context length T, the ms per new token of a
 GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside full softmax in the same run:
 $ python bench.py --mode=generate --attention=krause --krause_window=32 --pos_emb=rope --n_layer=6 --n_embd=384 \
       --n_head=6 --vocab_size=65 --seq_lens=1024,4096,16384
 
---mode=images: autoregressive image sampling: `batch` images of image_tokens subpixels each (vocab 256,
+--mode=images: autoregressive image sampling: `batch_size` images of image_tokens subpixels each (vocab 256,
 first subpixel uniform) drawn with GPT.generate and each rule's cache, random weights; images/s (warm-up left out,
 synchronised) and the MiB the caches hold at the last subpixel, for the rule beside full softmax in the same run:
 $ python bench.py --mode=images --attention=krause --krause_window=256 --krause_topk=192 --n_layer=2 --n_embd=128 \
-      --n_head=4 --batch=64 --image_tokens=3072 --device=cpu
+      --n_head=4 --batch_size=64 --image_tokens=3072 --device=cpu
 """
 import ctypes
 import json
@@ -46,7 +46,7 @@ from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults,
 mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'pace' (both, beside
                             # flash softmax), 'generate' (decode), 'images'
 seq_lens = '1024,4096,8192'
-batch = 1
+batch_size = 1
 n_head = 8
 n_embd = 512                # 8 heads x 64 dims
 n_layer = 12                # model and generate modes
@@ -77,7 +77,7 @@ def check_bench_settings(c):
     if c['mode'] not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got '{c['mode']}': pass e.g. --mode=attention")
     lengths = check_int_list(c, 'seq_lens', '1024,4096')
-    check_ranges(c, at_least_one=('batch', 'n_head', 'n_embd', 'n_layer', 'vocab_size', 'decode_tokens', 'repeats'))
+    check_ranges(c, at_least_one=('batch_size', 'n_head', 'n_embd', 'n_layer', 'vocab_size', 'decode_tokens', 'repeats'))
     if c['image_tokens'] < 2:
         raise ValueError(f"image_tokens={c['image_tokens']} must be at least 2 (a first subpixel, then those drawn); "
                          f"pass e.g. --image_tokens=3072 (CIFAR-10) or 784 (MNIST)")
@@ -158,7 +158,7 @@ def attention_case(module, attend, T):
     """A closure running attend forward (and backward) on fresh random per-head tensors from module.project."""
     run_backward = backward and not (attend == module.attend_flex and not is_cuda)
     with torch.no_grad():
-        x = torch.randn(batch, T, n_embd, device=device, dtype=ptdtype)
+        x = torch.randn(batch_size, T, n_embd, device=device, dtype=ptdtype)
         inputs = [t.detach().contiguous().requires_grad_(run_backward) for t in module.project(x)]
     grad = None
 
@@ -212,7 +212,7 @@ def model_case(T, **overrides):
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if is_cuda else 'cpu')
     step_model = torch.compile(model) if compile and is_cuda else model
     ctx = precision(device, dtype)[2]
-    idx = torch.randint(50257, (batch, T + 1), device=device)
+    idx = torch.randint(50257, (batch_size, T + 1), device=device)
 
     def step():
         with ctx:
@@ -231,8 +231,8 @@ def bench_model():
         models.append(model)
     peak = peak_flops(device)
     for row, model in zip(measure(cases, warmup=2), models):
-        mfu = model.estimate_mfu(batch, row['ms'] / 1000, peak) if peak else None
-        report({**row, 'vs_softmax': None, 'tokens_per_s': batch * row['T'] / row['ms'] * 1000, 'mfu': mfu})
+        mfu = model.estimate_mfu(batch_size, row['ms'] / 1000, peak) if peak else None
+        report({**row, 'vs_softmax': None, 'tokens_per_s': batch_size * row['T'] / row['ms'] * 1000, 'mfu': mfu})
 
 
 def bench_pace():
@@ -251,7 +251,7 @@ def bench_pace():
             base = next(r for r in rows if r['path'] == row['path'])  # softmax's row of the same kind
             row = {**row, 'vs_softmax': row['ms'] / base['ms']}
             if row['path'] == 'model':
-                row['tokens_per_s'] = batch * T / row['ms'] * 1000
+                row['tokens_per_s'] = batch_size * T / row['ms'] * 1000
             report(row)
         if profile:
             for row, fn in cases:
@@ -287,8 +287,8 @@ def bench_generate():
                                                block_size=max(block_size, longest), **overrides))
             model = GPT(cfg).to(device, ptdtype).eval()
             # random activations: a real prefill of 16k tokens with full softmax would take minutes on a CPU
-            cache = model.filled_cache(torch.randn(batch, T, model.config.n_embd, device=device, dtype=ptdtype))
-            token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            cache = model.filled_cache(torch.randn(batch_size, T, model.config.n_embd, device=device, dtype=ptdtype))
+            token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
 
             def step():
                 for _ in range(decode_tokens):
@@ -297,7 +297,7 @@ def bench_generate():
             name = cfg.attention + ('-mix' if cfg.mix else '')
             name += f" W={cfg.krause_window}" if cfg.attention == 'krause' else f" W={cfg.window}" if cfg.window else ''
             rows.append(dict(attention=name, path='decode', T=T, device=device, ms=ms, peak_mib=cache.nbytes() / 2**20,
-                             tokens_per_s=batch * 1000 / ms))
+                             tokens_per_s=batch_size * 1000 / ms))
             del model, cache
         for row in rows:  # peak_mib: what the caches hold after the run
             report({**row, 'vs_softmax': row['ms'] / rows[0]['ms']})
@@ -316,20 +316,20 @@ def bench_images():
                                            block_size=image_tokens - 1, **overrides))
         model = GPT(cfg).to(device, ptdtype).eval()
         with precision(device, dtype)[2]:
-            _, images_per_s, seconds = timed_draw(model, batch, batch, image_tokens, temperature=1.0)
+            _, images_per_s, seconds = timed_draw(model, batch_size, batch_size, image_tokens, temperature=1.0)
         name = cfg.attention + ('-mix' if cfg.mix else '') + (
             f" W={cfg.krause_window} k={cfg.krause_topk}" if cfg.attention == 'krause' else
             f" W={cfg.window}" if cfg.window else '')
-        rows.append(dict(attention=name, path='images', T=image_tokens, batch=batch, device=device, dtype=dtype,
+        rows.append(dict(attention=name, path='images', T=image_tokens, batch_size=batch_size, device=device, dtype=dtype,
                          ms=seconds * 1000, images_per_s=images_per_s,
-                         peak_mib=cache_mib(model, batch, image_tokens - 1)))
+                         peak_mib=cache_mib(model, batch_size, image_tokens - 1)))
         del model
     for row in rows:  # peak_mib: what the caches hold at the last subpixel
         row['vs_softmax'] = row['images_per_s'] / rows[0]['images_per_s']
         if json_out:
             print(json.dumps(row))
         else:
-            print(f"{row['attention']:>18s} T={row['T']} batch {row['batch']}: {row['images_per_s']:8.3f} images/s "
+            print(f"{row['attention']:>18s} T={row['T']} batch {row['batch_size']}: {row['images_per_s']:8.3f} images/s "
                   f"({row['ms'] / 1000:.1f} s)  x{row['vs_softmax']:.2f} softmax's images/s  cache "
                   f"{row['peak_mib']:.1f} MiB")
 

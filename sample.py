@@ -10,11 +10,11 @@ A checkpoint fine-tuned with LoRA is sampled with its updates merged into the we
 On a recall checkpoint (the default `python train.py`), with no --start, it shows recall episodes instead: the
 pairs, the queries, the model's answers beside the truth, and the accuracy.
 
-On an image checkpoint (a 'pixels' dataset) it draws num_samples images, `batch` at a time, with the KV
+On an image checkpoint (a 'pixels' dataset) it draws num_samples images, `batch_size` at a time, with the KV
 cache, writes them as a PNG grid (--png, default out_dir/samples.png), and prints images/s (a warm-up left out, the
 device synchronised) and the MiB the caches hold; --complete=True gives the top half of the first num_samples test
 images as prompts and writes originals and completions side by side (out_dir/completions.png):
-$ python sample.py --out_dir=out-arm-cifar10-cpu-krause --num_samples=16 --batch=16 --temperature=1.0 --top_k=0
+$ python sample.py --out_dir=out-arm-cifar10-cpu-krause --num_samples=16 --batch_size=16 --temperature=1.0 --top_k=0
 """
 import io
 import os
@@ -41,7 +41,7 @@ num_samples = 10          # number of samples to draw (recall: episodes to show)
 max_new_tokens = 500      # number of tokens generated in each sample
 temperature = 0.8         # 1.0 = no change, < 1.0 = less random, > 1.0 = more random, in predictions
 top_k = 200               # retain only the top_k most likely tokens, clamp others to have 0 probability; 0: all
-batch = 16                # images: sequences drawn at once
+batch_size = 16           # images: sequences drawn at once
 complete = False          # images: complete the top half of test images (originals beside completions)
 png = ''                  # images: where the grid goes; default out_dir/samples.png or completions.png
 data_dir = ''             # images: the prepared dataset; default the checkpoint's, else its dataset's default folder
@@ -57,7 +57,7 @@ def check_sample_settings(c):
     """ValueError naming the first bad setting, before any checkpoint is opened: the device first."""
     check_device(c['device'])
     check_dtype(c['dtype'])
-    check_ranges(c, at_least_one=('num_samples', 'batch'), not_negative=('max_new_tokens', 'top_k'))
+    check_ranges(c, at_least_one=('num_samples', 'batch_size'), not_negative=('max_new_tokens', 'top_k'))
     if c['temperature'] < 0:
         raise ValueError(f"temperature={c['temperature']} must not be negative (0 is greedy, 1 the model's own "
                          f"distribution); pass --temperature=0.8 or another value of 0 or more")
@@ -178,7 +178,7 @@ def sample_images(model, meta, device):
     if complete:  # the top half of each of the first num_samples test images: its first H/2 rows
         originals = torch.from_numpy(test[:num_samples].reshape(num_samples, -1).astype(np.int64)).to(device)
         prompts = originals[:, :shape[0] // 2 * shape[1] * shape[2]]
-    seqs, images_per_s, seconds = timed_draw(model, num_samples, batch, tokens, temperature, top_k, prompts, use_cache)
+    seqs, images_per_s, seconds = timed_draw(model, num_samples, batch_size, tokens, temperature, top_k, prompts, use_cache)
     path = png or os.path.join(out_dir, 'completions.png' if complete else 'samples.png')
     images = to_images(seqs, shape)
     if complete:  # rows of originals and completions, side by side: original, completion, original, ...
@@ -193,8 +193,8 @@ def sample_images(model, meta, device):
     write_or_exit(path, write,
                   f"nothing was written, and the {num_samples} images drawn are not kept",
                   "pass --png=PATH.png in a folder you can write to, and run again")
-    mib = cache_mib(model, batch, tokens - 1) if use_cache else 0.0
-    print(f"{num_samples} images of {tokens:,} subpixels ({'completed' if complete else 'drawn'}, batch {batch}, "
+    mib = cache_mib(model, batch_size, tokens - 1) if use_cache else 0.0
+    print(f"{num_samples} images of {tokens:,} subpixels ({'completed' if complete else 'drawn'}, batch {batch_size}, "
           f"{config['attention']}) in {seconds:.2f} s: {images_per_s:.3f} images/s; caches hold {mib:.1f} MiB at the "
           f"last subpixel; wrote {path}")
 

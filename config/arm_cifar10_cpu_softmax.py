@@ -3,7 +3,7 @@
 # the pipeline, bits/dim and samples without a GPU. Its Krause twin: config/arm_cifar10_cpu_krause.py (same
 # everything, window 256, top-k 192).
 # python train.py config/arm_cifar10_cpu_softmax.py
-# python sample.py --out_dir=out-arm-cifar10-cpu-softmax --num_samples=16 --batch=16
+# python sample.py --out_dir=out-arm-cifar10-cpu-softmax --num_samples=16 --batch_size=16
 out_dir = 'out-arm-cifar10-cpu-softmax'
 dataset = 'cifar10_pixels'
 device = 'cpu'

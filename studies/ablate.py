@@ -245,14 +245,14 @@ def score_run(row, system, seed, arguments):
     return {'metrics': metrics, 'log': log}
 
 
-def draw_speed(folder, batch):
-    """Images per second drawn from a pixel model with its cache, `batch` images at once, on the device it trained on
-    (support/images.py; here in the lab's process)."""
+def draw_speed(folder, batch_size):
+    """Images per second drawn from a pixel model with its cache, `batch_size` images at once, on the device it
+    trained on (support/images.py; here in the lab's process)."""
     from support.checkpoint import load_run
     from support.images import timed_draw
     run = load_run(folder, 'cpu')
     model = run.model.to(run.config.get('device', 'cpu')).eval()
-    return timed_draw(model, batch, batch, model.config.block_size + 1)[1]
+    return timed_draw(model, batch_size, batch_size, model.config.block_size + 1)[1]
 
 
 def training_rate(folder):

@@ -17,37 +17,39 @@ def synchronize(device):
 
 
 @torch.no_grad()
-def draw(model, n, batch, tokens, temperature=1.0, top_k=None, prompts=None, use_cache=True):
-    """n sequences of `tokens` subpixels, `batch` at a time: (n, tokens) int64 on the model's device. prompts
+def draw(model, n, batch_size, tokens, temperature=1.0, top_k=None, prompts=None, use_cache=True):
+    """n sequences of `tokens` subpixels, `batch_size` at a time: (n, tokens) int64 on the model's device. prompts
     (n, P) start each sequence (completion); else a first subpixel uniform over 256."""
     device, out = next(model.parameters()).device, []
-    for start in range(0, n, batch):
-        b = min(batch, n - start)
+    for start in range(0, n, batch_size):
+        b = min(batch_size, n - start)
         first = torch.randint(256, (b, 1), device=device) if prompts is None else prompts[start:start + b]
         out.append(model.generate(first, tokens - first.size(1), temperature, top_k or None, use_cache))
     return torch.cat(out)
 
 
-def timed_draw(model, n, batch, tokens, temperature=1.0, top_k=None, prompts=None, use_cache=True):
-    """draw(...) and its images/s: the wall time of all n, after a warm-up of 8 tokens at the same batch (left out),
-    with the device synchronised before and after. Returns (sequences, images per second, seconds)."""
+def timed_draw(model, n, batch_size, tokens, temperature=1.0, top_k=None, prompts=None, use_cache=True):
+    """draw(...) and its images/s: the wall time of all n, after a warm-up of 8 tokens at the same batch size (left
+    out), with the device synchronised before and after. Returns (sequences, images per second, seconds)."""
     device = next(model.parameters()).device
-    warm = None if prompts is None else prompts[:batch]
-    draw(model, min(batch, n), batch, (1 if warm is None else warm.size(1)) + 8, temperature, top_k, warm, use_cache)
+    warm = None if prompts is None else prompts[:batch_size]
+    warm_tokens = (1 if warm is None else warm.size(1)) + 8
+    draw(model, min(batch_size, n), batch_size, warm_tokens, temperature, top_k, warm, use_cache)
     synchronize(device)
     t0 = time.perf_counter()
-    seqs = draw(model, n, batch, tokens, temperature, top_k, prompts, use_cache)
+    seqs = draw(model, n, batch_size, tokens, temperature, top_k, prompts, use_cache)
     synchronize(device)
     dt = time.perf_counter() - t0
     return seqs, n / dt, dt
 
 
 @torch.no_grad()
-def cache_mib(model, batch, tokens):
-    """MiB the layers' caches hold for `batch` sequences after `tokens` positions (what the last subpixel's step reads:
-    softmax every key, a window or Krause the last W), filled by each layer's own fill on zero activations."""
+def cache_mib(model, batch_size, tokens):
+    """MiB the layers' caches hold for `batch_size` sequences after `tokens` positions (what the last subpixel's
+    step reads: softmax every key, a window or Krause the last W), filled by each layer's own fill on zero
+    activations."""
     p = next(model.parameters())
-    x = torch.zeros(batch, tokens, model.config.n_embd, device=p.device, dtype=p.dtype)
+    x = torch.zeros(batch_size, tokens, model.config.n_embd, device=p.device, dtype=p.dtype)
     return model.filled_cache(x).nbytes() / 2**20
 
 

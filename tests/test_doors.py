@@ -28,19 +28,19 @@ CASES = [
     ('sample.py', ['--out_dir=B', '--temperature=-1'], r"temperature=-1.0 must not be negative.*pass --temperature"),
     ('sample.py', ['--out_dir=B', '--max_new_tokens=-5'], r"max_new_tokens=-5 must not be negative"),
     ('sample.py', ['--out_dir=B', '--num_samples=0'], r"num_samples=0 must be at least 1; pass --num_samples=1"),
-    ('sample.py', ['--out_dir=P', '--batch=0'], r"batch=0 must be at least 1; pass --batch=1"),
+    ('sample.py', ['--out_dir=P', '--batch_size=0'], r"batch_size=0 must be at least 1; pass --batch_size=1"),
     ('sample.py', ['--out_dir=P', '--num_samples=-2'], r"num_samples=-2 must be at least 1"),
     ('sample.py', ['--out_dir=P', '--png={d}/missing/x.png'], r"png=.*missing/x.png: its folder .* does not exist"),
     ('sample.py', ['--out_dir=P', '--png={d}/grid.jpg'], r"png=.*grid.jpg must end in .png"),
     ('sample.py', ['--out_dir=P', '--png={d}'], r"png=.* is a folder; pass --png=PATH"),
-    ('sample.py', ['--out_dir=P', '--num_samples=100', '--batch=50', '--complete=True'],
+    ('sample.py', ['--out_dir=P', '--num_samples=100', '--batch_size=50', '--complete=True'],
      r"num_samples=100 with complete=True .* holds 5; pass --num_samples=5 or fewer"),
     ('sample.py', ['--out_dir=P', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder; pass --data_dir"),
     ('bench.py', [*SMALL, '--device=gpu'], r"device='gpu' is not a device"),
     ('bench.py', [*SMALL, '--seq_lens=32,abc'], r"seq_lens='32,abc' must be comma-separated whole numbers"),
     ('bench.py', [*SMALL, '--seq_lens=0'], r"seq_lens='0' must be .* each at least 1; pass e.g. --seq_lens="),
     ('bench.py', [*SMALL, '--seq_lens='], r"seq_lens='' must be comma-separated"),
-    ('bench.py', [*SMALL, '--batch=0'], r"batch=0 must be at least 1"),
+    ('bench.py', [*SMALL, '--batch_size=0'], r"batch_size=0 must be at least 1"),
     ('bench.py', [*SMALL, '--repeats=0'], r"repeats=0 must be at least 1"),
     ('bench.py', [*SMALL, '--n_head=3'], r"n_embd=16 must be a multiple of n_head=3"),
     ('bench.py', [*SMALL, '--n_embd=0'], r"n_embd=0 must be at least 1"),
@@ -167,7 +167,7 @@ def test_a_failed_write_is_one_line_and_leaves_no_temporary_file(runs, tmp_path)
     for path in (png, analysis):
         os.symlink('/dev/full', f'{path}.tmp')
     (rc_s, out_s), (rc_a, out_a) = run_forked(
-        {'argv': ['sample.py', f'--out_dir={d / "pixels"}', '--num_samples=2', '--batch=2', f'--png={png}']},
+        {'argv': ['sample.py', f'--out_dir={d / "pixels"}', '--num_samples=2', '--batch_size=2', f'--png={png}']},
         {'argv': ['studies/analyze.py', f'--out_dir={d / "base"}', f'--json_out={analysis}', '--batch_size=2']})
     assert rc_s == 1 and 'Traceback' not in out_s, out_s[-2000:]
     assert last_line(out_s) == (f"error: cannot write {png} (No space left on device); nothing was written, and the 2 "

@@ -118,10 +118,10 @@ def test_cached_image_sampling_equals_uncached(kw):
 def test_sample_py_draws_and_completes_images(pixel_dir, tmp_path):
     out = tmp_path / 'out'
     run_script('train.py', *TINY, f'--data_dir={pixel_dir}', f'--out_dir={out}', '--max_iters=1', '--eval_interval=1')
-    log = run_script('sample.py', f'--out_dir={out}', '--num_samples=3', '--batch=2', '--device=cpu', '--top_k=0')
+    log = run_script('sample.py', f'--out_dir={out}', '--num_samples=3', '--batch_size=2', '--device=cpu', '--top_k=0')
     assert '3 images of 48 subpixels (drawn, batch 2, softmax)' in log and 'images/s' in log and 'MiB' in log
     assert np.asarray(Image.open(out / 'samples.png')).shape == (2 + 1 * 6, 2 + 8 * 6, 3)  # one row of 4x4 + 2 pad
-    run_script('sample.py', f'--out_dir={out}', '--num_samples=2', '--batch=2', '--device=cpu', '--complete=True',
+    run_script('sample.py', f'--out_dir={out}', '--num_samples=2', '--batch_size=2', '--device=cpu', '--complete=True',
                '--temperature=0.0')
     grid = np.asarray(Image.open(out / 'completions.png'))  # original, completion, original, completion
     val = np.load(pixel_dir / 'val_x.npy')
