@@ -73,8 +73,8 @@ CASES = [
     ('studies/analyze.py', ['--out_dir=B', '--example=9', '--batch_size=2'], r"example=9 must be below batch_size=2"),
     ('studies/analyze.py', ['--out_dir=,'], r"out_dir is empty; pass --out_dir=DIR"),
     ('studies/analyze.py', ['--out_dir={d}/nowhere'], r"none of the 1 out_dir\(s\) could be analysed"),
-    ('studies/analyze.py', ['--out_dir=B', '--json_out={d}/missing/a.json'], r"json_out=.*: its folder .* does not exist"),
-    ('studies/analyze.py', ['--out_dir=B', '--json_out={d}'], r"json_out=.* is a folder"),
+    ('studies/analyze.py', ['--out_dir=B', '--json_path={d}/missing/a.json'], r"json_path=.*: its folder .* does not exist"),
+    ('studies/analyze.py', ['--out_dir=B', '--json_path={d}'], r"json_path=.* is a folder"),
     ('studies/analyze.py', ['--out_dir=B', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder"),
     ('studies/analyze.py', ['--out_dir=B', '--plots={d}/input.txt'], r"plots=.*input.txt is a file, not a folder"),
     ('studies/ablate.py', ['--out_root={d}/abl', '--rules=softmax,nope'], r"rules: unknown name\(s\) nope; pass e.g."),
@@ -168,14 +168,14 @@ def test_a_failed_write_is_one_line_and_leaves_no_temporary_file(runs, tmp_path)
         os.symlink('/dev/full', f'{path}.tmp')
     (rc_s, out_s), (rc_a, out_a) = run_forked(
         {'argv': ['sample.py', f'--out_dir={d / "pixels"}', '--num_samples=2', '--batch_size=2', f'--png={png}']},
-        {'argv': ['studies/analyze.py', f'--out_dir={d / "base"}', f'--json_out={analysis}', '--batch_size=2']})
+        {'argv': ['studies/analyze.py', f'--out_dir={d / "base"}', f'--json_path={analysis}', '--batch_size=2']})
     assert rc_s == 1 and 'Traceback' not in out_s, out_s[-2000:]
     assert last_line(out_s) == (f"error: cannot write {png} (No space left on device); nothing was written, and the 2 "
                                 f"images drawn are not kept; pass --png=PATH.png in a folder you can write to, and "
                                 f"run again")
     assert rc_a == 1 and 'Traceback' not in out_a, out_a[-2000:]
     assert last_line(out_a) == (f"error: cannot write {analysis} (No space left on device); the tables printed above "
-                                f"are all that was kept; pass --json_out=PATH in a folder you can write to (or free "
+                                f"are all that was kept; pass --json_path=PATH in a folder you can write to (or free "
                                 f"space there) and run again")
     assert '== ' in out_a  # the tables were printed before
     assert sorted(os.listdir(tmp_path)) == []  # no temporary file (nor its link), no half-written file
