@@ -22,11 +22,11 @@ GPT whose caches hold T tokens, and the MiB those caches hold, for the rule besi
 $ python bench.py --mode=generate --attention=krause --krause_window=32 --pos_emb=rope --n_layer=6 --n_embd=384 \
       --n_head=6 --vocab_size=65 --seq_lens=1024,4096,16384
 
---mode=images: autoregressive image sampling: `batch_size` images of image_tokens subpixels each (vocab 256,
+--mode=pixels: drawing images from a pixel model: `batch_size` images of `subpixels` tokens each (vocab 256,
 first subpixel uniform) drawn with GPT.generate and each rule's cache, random weights; images/s (warm-up left out,
 synchronised) and the MiB the caches hold at the last subpixel, for the rule beside full softmax in the same run:
-$ python bench.py --mode=images --attention=krause --krause_window=256 --krause_topk=192 --n_layer=2 --n_embd=128 \
-      --n_head=4 --batch_size=64 --image_tokens=3072 --device=cpu
+$ python bench.py --mode=pixels --attention=krause --krause_window=256 --krause_topk=192 --n_layer=2 --n_embd=128 \
+      --n_head=4 --batch_size=64 --subpixels=3072 --device=cpu
 """
 import ctypes
 import json
@@ -44,7 +44,7 @@ from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults,
 
 # -----------------------------------------------------------------------------
 mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'pace' (both, beside
-                            # flash softmax), 'generate' (decode), 'images'
+                            # flash softmax), 'generate' (decode), 'pixels' (draw images)
 seq_lens = '1024,4096,8192'
 batch_size = 1
 n_head = 8
@@ -52,7 +52,7 @@ n_embd = 512                # 8 heads x 64 dims
 n_layer = 12                # model and generate modes
 vocab_size = 50304          # generate mode (model mode: always 50304)
 decode_tokens = 16          # generate mode: new tokens per timed run
-image_tokens = 3072         # images mode: subpixels per image (CIFAR-10 3,072, MNIST 784)
+subpixels = 3072            # pixels mode: tokens per image, one per subpixel (CIFAR-10 3,072, MNIST 784)
 dense = False               # also time the rule's dense reference form, where it has one
 backward = True             # forward+backward; flex on CPU is always forward only
 repeats = 5
@@ -66,7 +66,7 @@ globals().update(dataclass_defaults(AttentionConfig, globals()))
 sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json_out=') for a in sys.argv]  # reads better
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
 # -----------------------------------------------------------------------------
-MODES = ('attention', 'model', 'pace', 'generate', 'images')
+MODES = ('attention', 'model', 'pace', 'generate', 'pixels')
 
 
 def check_bench_settings(c):
@@ -78,10 +78,10 @@ def check_bench_settings(c):
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got '{c['mode']}': pass e.g. --mode=attention")
     lengths = check_int_list(c, 'seq_lens', '1024,4096')
     check_ranges(c, at_least_one=('batch_size', 'n_head', 'n_embd', 'n_layer', 'vocab_size', 'decode_tokens', 'repeats'))
-    if c['image_tokens'] < 2:
-        raise ValueError(f"image_tokens={c['image_tokens']} must be at least 2 (a first subpixel, then those drawn); "
-                         f"pass e.g. --image_tokens=3072 (CIFAR-10) or 784 (MNIST)")
-    block = c['image_tokens'] - 1 if c['mode'] == 'images' else max(lengths)
+    if c['subpixels'] < 2:
+        raise ValueError(f"subpixels={c['subpixels']} must be at least 2 (a first subpixel, then those drawn); "
+                         f"pass e.g. --subpixels=3072 (CIFAR-10) or 784 (MNIST)")
+    block = c['subpixels'] - 1 if c['mode'] == 'pixels' else max(lengths)
     check_attention_layers(GPTConfig(**dataclass_values(GPTConfig, c, block_size=block)))
 
 
@@ -304,8 +304,8 @@ def bench_generate():
 
 
 @torch.no_grad()
-def bench_images():
-    from support.images import cache_mib, timed_draw
+def bench_pixels():
+    from support.pixels import cache_mib, timed_draw
     rules = [dict(attention='softmax', window=0, mix=False)]  # softmax beside the rule
     if attention != 'softmax' or window or mix:
         rules.append({})
@@ -313,16 +313,16 @@ def bench_images():
     for overrides in rules:
         torch.manual_seed(seed)
         cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=256, dropout=0.0,
-                                           block_size=image_tokens - 1, **overrides))
+                                           block_size=subpixels - 1, **overrides))
         model = GPT(cfg).to(device, ptdtype).eval()
         with precision(device, dtype)[2]:
-            _, images_per_s, seconds = timed_draw(model, batch_size, batch_size, image_tokens, temperature=1.0)
+            _, images_per_s, seconds = timed_draw(model, batch_size, batch_size, subpixels, temperature=1.0)
         name = cfg.attention + ('-mix' if cfg.mix else '') + (
             f" W={cfg.krause_window} k={cfg.krause_topk}" if cfg.attention == 'krause' else
             f" W={cfg.window}" if cfg.window else '')
-        rows.append(dict(attention=name, path='images', T=image_tokens, batch_size=batch_size, device=device, dtype=dtype,
+        rows.append(dict(attention=name, path='pixels', T=subpixels, batch_size=batch_size, device=device, dtype=dtype,
                          ms=seconds * 1000, images_per_s=images_per_s,
-                         peak_mib=cache_mib(model, batch_size, image_tokens - 1)))
+                         peak_mib=cache_mib(model, batch_size, subpixels - 1)))
         del model
     for row in rows:  # peak_mib: what the caches hold at the last subpixel
         row['vs_softmax'] = row['images_per_s'] / rows[0]['images_per_s']
@@ -335,4 +335,4 @@ def bench_images():
 
 
 {'attention': bench_attention, 'model': bench_model, 'pace': bench_pace, 'generate': bench_generate,
- 'images': bench_images}[mode]()
+ 'pixels': bench_pixels}[mode]()

@@ -10,7 +10,7 @@ A checkpoint fine-tuned with LoRA is sampled with its updates merged into the we
 On a recall checkpoint (the default `python train.py`), with no --start, it shows recall episodes instead: the
 pairs, the queries, the model's answers beside the truth, and the accuracy.
 
-On an image checkpoint (a 'pixels' dataset) it draws num_samples images, `batch_size` at a time, with the KV
+On a pixel model's checkpoint (a 'pixels' dataset) it draws num_samples images, `batch_size` at a time, with the KV
 cache, writes them as a PNG grid (--png, default out_dir/samples.png), and prints images/s (a warm-up left out, the
 device synchronised) and the MiB the caches hold; --complete=True gives the top half of the first num_samples test
 images as prompts and writes originals and completions side by side (out_dir/completions.png):
@@ -26,7 +26,7 @@ import torch
 from support.checkpoint import load_run, write_or_exit
 from support.checks import (check_device, check_dtype, check_folder, check_or_exit, check_ranges,
                             check_writable_file, script_settings)
-from support.images import cache_mib, png_grid, timed_draw, to_images
+from support.pixels import cache_mib, png_grid, timed_draw, to_images
 from model import GPT, GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from, load_base
 from prepare import dataset_kind
@@ -41,10 +41,10 @@ num_samples = 10          # number of samples to draw (recall: episodes to show)
 max_new_tokens = 500      # number of tokens generated in each sample
 temperature = 0.8         # 1.0 = no change, < 1.0 = less random, > 1.0 = more random, in predictions
 top_k = 200               # retain only the top_k most likely tokens, clamp others to have 0 probability; 0: all
-batch_size = 16           # images: sequences drawn at once
-complete = False          # images: complete the top half of test images (originals beside completions)
-png = ''                  # images: where the grid goes; default out_dir/samples.png or completions.png
-data_dir = ''             # images: the prepared dataset; default the checkpoint's, else its dataset's default folder
+batch_size = 16           # pixels: sequences drawn at once
+complete = False          # pixels: complete the top half of test images (originals beside completions)
+png = ''                  # pixels: where the grid goes; default out_dir/samples.png or completions.png
+data_dir = ''             # pixels: the prepared dataset; default the checkpoint's, else its dataset's default folder
 use_cache = True          # KV cache (prefill, then one token at a time); False: recompute the context per token
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'

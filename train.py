@@ -310,7 +310,7 @@ has_accuracy = kind not in ('text', 'pixels')
 
 
 def score_text(val_loss, val_acc):
-    """What follows the val loss on a printed line: bits/dim for an image model, else the task's accuracy if any."""
+    """What follows the val loss on a printed line: bits/dim for a pixel model, else the task's accuracy if any."""
     if kind == 'pixels':
         return f", val bits/dim {bits_per_dim(val_loss):.4f}"
     return f", val acc {val_acc:.4f}" if has_accuracy else ''

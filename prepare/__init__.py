@@ -40,7 +40,7 @@ DATASETS = {
     'fineweb_edu': ('fineweb_edu', 'text', _token_budget),
     'cifar10': ('cifar', 'image', lambda cfg: dict(dataset='cifar10')),
     'cifar100': ('cifar', 'image', lambda cfg: dict(dataset='cifar100')),
-    'cifar10_pixels': ('cifar', 'pixels', lambda cfg: dict(dataset='cifar10')),  # autoregressive image models
+    'cifar10_pixels': ('cifar', 'pixels', lambda cfg: dict(dataset='cifar10')),  # for the pixel model
     'mnist_pixels': ('cifar', 'pixels', lambda cfg: dict(dataset='mnist')),
 }
 PIXELS_OF = {'cifar10_pixels': 'cifar10', 'mnist_pixels': 'mnist'}  # pixel dataset -> the image dataset it reads

@@ -52,7 +52,7 @@ SYSTEMS = {  # the columns: what each trains, and the metric its paper reports
     'text': 'language model (tiny-shakespeare characters; paper: GPT-2 on FineWeb-Edu): val loss, whole val split',
     'passkey': 'passkey retrieval trained at T: whole-passkey accuracy at 1x / 2x / 4x T',
     'vit': 'ViT on CIFAR-10: top-1 accuracy, test split',
-    'pixels': 'pixel-by-pixel image model on CIFAR-10: bits/dim on the test split; images/s drawn at a fixed batch',
+    'pixels': 'pixel model on CIFAR-10: bits/dim on the test split; images/s drawn at a fixed batch',
     'shortcut': 'a pretrained base fine-tuned with the rule as a LoRA shortcut beside its softmax: val loss',
 }
 SOURCES = {'text': 'text_source', 'shortcut': 'text_source', 'vit': 'cifar_source', 'pixels': 'cifar_source'}
@@ -99,7 +99,7 @@ BUDGETS = {
 ROWS = {
     'softmax': {'causal': '--attention=softmax', 'vit': '--attention=softmax'},
     'krause': {'causal': '--attention=krause --krause_window=32 --krause_topk=16',  # the paper's LM
-               'pixels': '--attention=krause --krause_window=256 --krause_topk=192',  # its image model
+               'pixels': '--attention=krause --krause_window=256 --krause_topk=192',  # its pixel model
                'vit': '--attention=krause --krause_topk=2 --krause_radius=1 --krause_sigma=2.5'},  # config/krause_vit.py
     'attentionx': {'causal': '--attention=attentionx --attnx_gamma=3',
                    'vit': '--attention=attentionx --attnx_gamma=1 --attnx_mask_diagonal=True'},
@@ -247,9 +247,9 @@ def score_run(row, system, seed, arguments):
 
 def draw_speed(folder, batch_size):
     """Images per second drawn from a pixel model with its cache, `batch_size` images at once, on the device it
-    trained on (support/images.py; here in the lab's process)."""
+    trained on (support/pixels.py; here in the lab's process)."""
     from support.checkpoint import load_run
-    from support.images import timed_draw
+    from support.pixels import timed_draw
     run = load_run(folder, 'cpu')
     model = run.model.to(run.config.get('device', 'cpu')).eval()
     return timed_draw(model, batch_size, batch_size, model.config.block_size + 1)[1]

@@ -1,8 +1,8 @@
 """
-Autoregressive image models, what sample.py and bench.py share: drawing images subpixel by subpixel with
-each rule's KV cache (GPT.generate), timed the same way everywhere (a warm-up left out, the device synchronised), the
-memory those caches hold, and a PNG grid of the results. An image is a sequence of H*W*C tokens in raster order,
-channels side by side (data.py's 'pixels' kind); with no prompt, the first subpixel is drawn uniformly.
+The pixel model (a GPT over subpixels, data.py's 'pixels' kind), what sample.py and bench.py share: drawing images
+subpixel by subpixel with each rule's KV cache (GPT.generate), timed the same way everywhere (a warm-up left out,
+the device synchronised), the memory those caches hold, and a PNG grid of the results. An image is a sequence of
+H*W*C tokens in raster order, channels side by side; with no prompt, the first subpixel is drawn uniformly.
 """
 import time
 
