@@ -38,6 +38,7 @@ import torch
 
 from attention import AttentionConfig, build_attention
 from model import GPT, GPTConfig
+from prepare import ROOT
 from support.checks import check_device, check_dtype, check_int_list, check_or_exit, check_ranges, script_settings
 from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults, dataclass_values, peak_flops,
                              precision)
@@ -64,7 +65,7 @@ json_out = False
 seed = 1337
 globals().update(dataclass_defaults(AttentionConfig, globals()))
 sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json_out=') for a in sys.argv]  # reads better
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 MODES = ('attention', 'model', 'pace', 'generate', 'pixels')
 

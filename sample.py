@@ -29,7 +29,7 @@ from support.checks import (check_device, check_dtype, check_folder, check_or_ex
 from support.pixels import cache_mib, png_grid, timed_draw, to_images
 from model import GPT, GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from, load_base
-from prepare import dataset_kind
+from prepare import ROOT, dataset_kind
 from prepare.recall import make_examples
 from support.runtime import precision
 
@@ -49,7 +49,7 @@ use_cache = True          # KV cache (prefill, then one token at a time); False:
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float32'
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 
 

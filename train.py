@@ -26,7 +26,7 @@ from support.checks import check_train_config
 from support.data import Batches, bits_per_dim
 from model import GPT, GPTConfig, attention_reports
 from support.pretrained import OWN_STARTS, check_tokens, fine_tune_args, load_base, load_base_weights
-from prepare import (check_dataset_dir, check_files, dataset_kind, default_data_dir, prepare_dataset,
+from prepare import (ROOT, check_dataset_dir, check_files, dataset_kind, default_data_dir, prepare_dataset,
                      val_tokens_needed)
 from support.runtime import all_sum, init_ddp, dataclass_defaults, dataclass_values, peak_flops, precision
 from vit import ViT, ViTConfig
@@ -106,7 +106,7 @@ seed = 1337                 # model init, dropout and batches
 globals().update(dataclass_defaults(AttentionConfig, globals()))
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+exec(open(ROOT / 'configurator.py').read())
 config = {k: globals()[k] for k in config_keys}  # will be useful for logging
 # -----------------------------------------------------------------------------
 

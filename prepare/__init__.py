@@ -9,8 +9,11 @@ source=None, ...) is idempotent: it returns at once when data_dir already holds 
 import importlib
 import json
 import os
+from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository, which holds data/ and the scripts
 
 
 def val_tokens_needed(cfg):
@@ -53,7 +56,7 @@ def stored_as(name):
 
 def default_data_dir(name):
     """Where `name` is prepared unless data_dir says otherwise: data/<stored_as(name)> at the repo root."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', stored_as(name))
+    return os.path.join(ROOT, 'data', stored_as(name))
 
 
 def check_dataset_name(name):

@@ -31,6 +31,7 @@ from tqdm import tqdm
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attention import ATTENTION
+from prepare import ROOT
 from support.checkpoint import RunDir, write_atomically, write_or_exit, write_text
 from support.checks import check_int_list, check_or_exit, script_settings
 
@@ -44,9 +45,8 @@ train = True                # train the runs that are missing; False: only tabul
 recipe = ''                 # more train.py arguments for every run, after the budget's (e.g. "--dtype=float32")
 text_source = ''            # the text and shortcut systems' data instead of the download (train.py --data_source)
 cifar_source = ''           # the vit and pixels systems' CIFAR-10 (a folder with train/test.parquet)
-exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEMS = {  # the columns: what each trains, and the metric its paper reports
     'recall': 'multi-query associative recall (the default job): answer accuracy, whole val split',
     'text': 'language model (tiny-shakespeare characters; paper: GPT-2 on FineWeb-Edu): val loss, whole val split',

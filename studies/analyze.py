@@ -36,7 +36,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attention import MixAttention, causal_mask, dense_mask
 from model import layer_inputs_outputs
-from prepare import check_files, dataset_kind, read_meta, recorded_dataset, stored_as
+from prepare import ROOT, check_files, dataset_kind, read_meta, recorded_dataset, stored_as
 from support.checkpoint import load_run, write_atomically, write_or_exit
 from support.checks import (check_device, check_folder, check_or_exit, check_ranges, check_writable_file,
                             script_settings)
@@ -72,7 +72,7 @@ def check_analyze_settings(c):
 
 
 if __name__ == '__main__':  # tests import the metrics without reading the command line
-    exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+    exec(open(ROOT / 'configurator.py').read())
     check_or_exit(check_analyze_settings, script_settings(globals()))
 # -----------------------------------------------------------------------------
 THRESHOLDS = (0.9, 0.95, 0.99)

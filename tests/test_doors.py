@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import run_forked, write_tiny_cifar
+from conftest import ROOT, run_forked, write_tiny_cifar
 
 TEXT = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4',
         '--eval_iters=1', '--device=cpu', '--compile=False', '--warmup_iters=1', '--lr_decay_iters=4']
@@ -191,7 +191,7 @@ def test_merge_lora_never_overwrites_its_input(runs, tmp_path):
     before = hashlib.sha256(ckpt.read_bytes()).hexdigest()
     os.symlink(run, tmp_path / 'link')
     spellings = [ckpt, run / '..' / 'run' / '.' / 'ckpt.pt', tmp_path / 'link' / 'ckpt.pt',
-                 os.path.relpath(ckpt, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
+                 os.path.relpath(ckpt, ROOT)]
     results = run_forked(*({'argv': ['studies/merge_lora.py', f'--ckpt={ckpt}', f'--out={out}']} for out in spellings),
                          {'argv': ['studies/merge_lora.py', f'--ckpt={ckpt}', f'--out={run / "merged.pt"}']})
     for out_path, (rc, out) in zip(spellings, results):
