@@ -14,7 +14,7 @@ from model import GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from
 from prepare import DATASETS, check_dataset_name, dataset_kind
 from prepare.passkey import DIGITS, parse_needles, shortest
-from support.runtime import check_attention_layers, dataclass_values
+from support.runtime import DTYPES, check_attention_layers, dataclass_values
 from vit import ViTConfig
 
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
@@ -89,8 +89,7 @@ def check_train_config(config, world_size=1, set_keys=()):
         if c['block_size'] < shortest(DIGITS, max(counts)):
             raise ValueError(f"block_size={c['block_size']} cannot hold {max(counts)} passkeys and the question; pass "
                              f"--block_size={shortest(DIGITS, max(counts))} or more, or fewer --passkey_needles")
-    if c['dtype'] not in ('float32', 'bfloat16', 'float16'):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{c['dtype']}'")
+    check_dtype(c['dtype'])
     if c['eval_full'] and not c['eval_only']:
         raise ValueError("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True "
                          "--init_from=resume")
@@ -127,20 +126,17 @@ def check_device(device):
         raise ValueError(f"device='{device}' is not available on this machine; pass --device=cpu")
 
 
+def check_dtype(dtype):
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got '{dtype}'; pass --dtype=float32")
+
+
 # -----------------------------------------------------------------------------
 # shared by the other scripts' checks (sample.py, bench.py, studies/)
-
-DTYPE_NAMES = ('float32', 'bfloat16', 'float16')
-
 
 def script_settings(scope):
     """{key: value} of a script's settings: the plain values of its globals, as configurator.py reads them."""
     return {k: v for k, v in scope.items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))}
-
-
-def check_dtype(dtype):
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{dtype}'; pass --dtype=float32")
 
 
 def check_int_list(c, key, example, at_least=1):
