@@ -6,6 +6,7 @@ same range helpers. The checks run in the order written, which is the order of p
 wrong, the earlier check names its own.
 """
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -27,12 +28,20 @@ VIT_KEYS = ('patch_size', 'num_classes', 'augment', 'mixup_alpha', 'cutmix_alpha
             'label_smoothing')  # train.py's keys that only a ViT (an image dataset) reads
 
 
+@contextmanager
+def one_line_errors(*errors):
+    """A ValueError (or an error of the kinds given) raised inside ends the script with its message as one
+    `error:` line."""
+    try:
+        yield
+    except (ValueError, *errors) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def check_or_exit(check, *args, **kwargs):
     """Run a settings check; a ValueError ends the script with its message as one `error:` line."""
-    try:
+    with one_line_errors():
         return check(*args, **kwargs)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
 
 
 def check_ranges(c, at_least_one=(), not_negative=(), below_one=()):

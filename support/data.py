@@ -104,6 +104,12 @@ def bits_per_dim(loss):
     return loss / math.log(2)
 
 
+def answer_counts(logits, targets):
+    """(right, asked): of the targets that ask for an answer (-1: none), how many the logits' argmax gets right."""
+    asked = targets != -1
+    return (logits.argmax(-1) == targets)[asked].sum().item(), asked.sum().item()
+
+
 class Batches:
     """Batches of `dataset` in data_dir, whose meta.json and {split: rows} (tokens for text, else examples)
     prepare.check_files gives. A ValueError if num_classes (0: take it from the data) disagrees with the data.
