@@ -1,9 +1,9 @@
 """
 Settings checked before any work is done (no folder made, no data prepared, no checkpoint opened): a bad value is a
 ValueError whose message names the key and the fix, and the script prints it as its one `error:` line
-(`check_or_exit`). train.py's checks are the model; every script a user runs checks its own the same way, with the
-same range helpers. The checks run in the order written, which is the order of precedence: when two settings are
-wrong, the earlier check names its own.
+(`check_or_exit`, or `one_line_errors` around a block). train.py's checks are the model; every script a user runs
+checks its own the same way, with the same range helpers. The checks run in the order written, which is the order of
+precedence: when two settings are wrong, the earlier check names its own.
 """
 import os
 from contextlib import contextmanager
