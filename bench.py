@@ -1,32 +1,37 @@
 """
 Attention speed and memory. For each sequence length: forward+backward time and peak memory of one
-attention rule (`attend`, the part that differs between rules, on q/k/v of shape (batch, n_head, T, D)),
-beside causal softmax SDPA measured in the same run (`vs_softmax` = ms / softmax ms).
+attention rule (`attend`, the part that differs between rules, on q/k/v of shape
+(batch_size, n_head, T, D)), beside causal softmax SDPA measured in the same run
+(`vs_softmax` = ms / softmax ms).
 
 $ python bench.py --attention=softmax --window=256 --seq_lens=2048,8192
-$ python bench.py --attention=krause --krause_window=256 --krause_topk=192 --seq_lens=8192 --dense=True --json=True
+$ python bench.py --attention=krause --krause_window=256 --krause_topk=192 --seq_lens=8192 \
+      --dense=True --json=True
 
-Every attention config key (attention.AttentionConfig) is a flag. --flex=True times the flex_attention path
-(forward only on CPU, where flex has no backward); --dense=True also times a rule's dense O(T²) form
-(`attend_dense`) where it has one. --mode=model times a whole GPT train step (tokens/s) instead.
-Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's resident set (Linux only).
+Every attention config key (attention.AttentionConfig) is a flag. --flex=True times the
+flex_attention path (forward only on CPU, where flex has no backward); --dense=True also times a
+rule's dense O(T²) form (`attend_dense`) where it has one. --mode=model times a whole GPT train step
+(tokens/s) instead. Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's
+resident set (Linux only).
 
---mode=pace: the rule's attention alone (forward+backward) and its whole GPT train step (tokens/s), each beside
-causal flash softmax (SDPA) in the same run, with peak memory; --profile=True adds each case's top operations
-(torch.profiler, one step after the timing). The flex paths on a GPU, e.g.:
-$ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_layer=12 --n_head=12 --n_embd=768 \
-      --bias=False --batch=12 --seq_lens=1024,4096,8192 --profile=True
+--mode=pace: the rule's attention alone (forward+backward) and its whole GPT train step (tokens/s),
+each beside causal flash softmax (SDPA) in the same run, with peak memory; --profile=True adds each
+case's top operations (torch.profiler, one step after the timing). The flex paths on a GPU, e.g.:
+$ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_layer=12 \
+      --n_head=12 --n_embd=768 --bias=False --batch_size=12 --seq_lens=1024,4096,8192 --profile=True
 
---mode=generate: decoding with the KV cache (GPT.generate). For each context length T, the ms per new token of a
-GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside full softmax in the same run:
-$ python bench.py --mode=generate --attention=krause --krause_window=32 --pos_emb=rope --n_layer=6 --n_embd=384 \
-      --n_head=6 --vocab_size=65 --seq_lens=1024,4096,16384
+--mode=generate: decoding with the KV cache (GPT.generate). For each context length T, the ms per
+new token of a GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside
+full softmax in the same run:
+$ python bench.py --mode=generate --attention=krause --krause_window=32 --pos_emb=rope --n_layer=6 \
+      --n_embd=384 --n_head=6 --vocab_size=65 --seq_lens=1024,4096,16384
 
---mode=images: autoregressive image sampling: `batch` images of image_tokens subpixels each (vocab 256,
-first subpixel uniform) drawn with GPT.generate and each rule's cache, random weights; images/s (warm-up left out,
-synchronised) and the MiB the caches hold at the last subpixel, for the rule beside full softmax in the same run:
-$ python bench.py --mode=images --attention=krause --krause_window=256 --krause_topk=192 --n_layer=2 --n_embd=128 \
-      --n_head=4 --batch=64 --image_tokens=3072 --device=cpu
+--mode=pixels: drawing images from a pixel model: `batch_size` images of `subpixels` tokens each
+(vocab 256, first subpixel uniform) drawn with GPT.generate and each rule's cache, random weights;
+images/s (warm-up left out, synchronised) and the MiB the caches hold at the last subpixel, for the
+rule beside full softmax in the same run:
+$ python bench.py --mode=pixels --attention=krause --krause_window=256 --krause_topk=192 \
+      --n_layer=2 --n_embd=128 --n_head=4 --batch_size=64 --subpixels=3072 --device=cpu
 """
 import ctypes
 import json
@@ -38,21 +43,23 @@ import torch
 
 from attention import AttentionConfig, build_attention
 from model import GPT, GPTConfig
-from support.checks import check_device, check_dtype, check_int_list, check_or_exit, check_ranges, script_settings
-from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults, dataclass_values, peak_flops,
-                             precision)
+from prepare import ROOT
+from support.checks import (check_device, check_dtype, check_int_list, check_or_exit, check_ranges,
+                            script_settings)
+from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults, dataclass_values,
+                             peak_flops, precision)
 
 # -----------------------------------------------------------------------------
-mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'pace' (both, beside
-                            # flash softmax), 'generate' (decode), 'images'
+mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'pace'
+                            # (both, beside flash softmax), 'generate' (decode), 'pixels' (drawing)
 seq_lens = '1024,4096,8192'
-batch = 1
+batch_size = 1              # sequences at once
 n_head = 8
 n_embd = 512                # 8 heads x 64 dims
 n_layer = 12                # model and generate modes
 vocab_size = 50304          # generate mode (model mode: always 50304)
 decode_tokens = 16          # generate mode: new tokens per timed run
-image_tokens = 3072         # images mode: subpixels per image (CIFAR-10 3,072, MNIST 784)
+subpixels = 3072            # pixels mode: tokens per image (CIFAR-10 3,072, MNIST 784)
 dense = False               # also time the rule's dense reference form, where it has one
 backward = True             # forward+backward; flex on CPU is always forward only
 repeats = 5
@@ -63,25 +70,29 @@ profile = False             # pace mode: print each case's top operations (torch
 json_out = False
 seed = 1337
 globals().update(dataclass_defaults(AttentionConfig, globals()))
-sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json_out=') for a in sys.argv]  # reads better
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json_out=')
+            for a in sys.argv]  # --json reads better
+exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
-MODES = ('attention', 'model', 'pace', 'generate', 'images')
+MODES = ('attention', 'model', 'pace', 'generate', 'pixels')
 
 
 def check_bench_settings(c):
-    """ValueError naming the first bad setting, before anything is built: the device first, then the mode and sizes,
-    then the model's and every attention layer's own checks at the sizes the mode runs."""
+    """ValueError naming the first bad setting, before anything is built: the device first, then the
+    mode and sizes, then the model's and every attention layer's own checks at the sizes the mode
+    runs."""
     check_device(c['device'])
     check_dtype(c['dtype'])
     if c['mode'] not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got '{c['mode']}': pass e.g. --mode=attention")
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got '{c['mode']}': pass e.g. "
+                         f"--mode=attention")
     lengths = check_int_list(c, 'seq_lens', '1024,4096')
-    check_ranges(c, at_least_one=('batch', 'n_head', 'n_embd', 'n_layer', 'vocab_size', 'decode_tokens', 'repeats'))
-    if c['image_tokens'] < 2:
-        raise ValueError(f"image_tokens={c['image_tokens']} must be at least 2 (a first subpixel, then those drawn); "
-                         f"pass e.g. --image_tokens=3072 (CIFAR-10) or 784 (MNIST)")
-    block = c['image_tokens'] - 1 if c['mode'] == 'images' else max(lengths)
+    check_ranges(c, at_least_one=('batch_size', 'n_head', 'n_embd', 'n_layer', 'vocab_size',
+                                  'decode_tokens', 'repeats'))
+    if c['subpixels'] < 2:
+        raise ValueError(f"subpixels={c['subpixels']} must be at least 2 (a first subpixel, then "
+                         f"those drawn); pass e.g. --subpixels=3072 (CIFAR-10) or 784 (MNIST)")
+    block = c['subpixels'] - 1 if c['mode'] == 'pixels' else max(lengths)
     check_attention_layers(GPTConfig(**dataclass_values(GPTConfig, c, block_size=block)))
 
 
@@ -95,8 +106,17 @@ def attention_config(**overrides):
     return AttentionConfig(**dataclass_values(AttentionConfig, globals(), **overrides))
 
 
+def rule_name(cfg, with_topk=False):
+    """A row's name for the rule of a GPT config: the rule, -mix, its window (and Krause's k)."""
+    name = cfg.attention + ('-mix' if cfg.mix else '')
+    if cfg.attention == 'krause':
+        return name + f" W={cfg.krause_window}" + (f" k={cfg.krause_topk}" if with_topk else '')
+    return name + (f" W={cfg.window}" if cfg.window else '')
+
+
 class PeakMemory:
-    """Peak memory above the level at entry, in MiB: the CUDA allocator's peak, or the CPU resident set's."""
+    """Peak memory above the level at entry, in MiB: the CUDA allocator's peak, or the CPU resident
+    set's."""
 
     def __enter__(self):
         if is_cuda:
@@ -117,7 +137,8 @@ class PeakMemory:
 
     @staticmethod
     def status(field):  # bytes
-        return next(int(line.split()[1]) * 1024 for line in open('/proc/self/status') if line.startswith(field))
+        lines = open('/proc/self/status')
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field))
 
 
 def milliseconds(fn, warmup=1):
@@ -137,9 +158,10 @@ def milliseconds(fn, warmup=1):
 
 
 def measure(cases, warmup=1):
-    """cases: [(row, fn)]. Times every case with the allocator as training runs it, then the peak memory of
-    one run each. On CPU the peaks are taken last, with large blocks going straight back to the OS when freed
-    (so each case starts from a clean level): that setting slows allocation and must not touch the times."""
+    """cases: [(row, fn)]. Times every case with the allocator as training runs it, then the peak
+    memory of one run each. On CPU the peaks are taken last, with large blocks going straight back
+    to the OS when freed (so each case starts from a clean level): that setting slows allocation and
+    must not touch the times."""
     for row, fn in cases:
         row['ms'] = milliseconds(fn, warmup)
     libc = None if is_cuda else ctypes.CDLL('libc.so.6')
@@ -147,7 +169,7 @@ def measure(cases, warmup=1):
         libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
     for row, fn in cases:
         if libc:
-            libc.malloc_trim(0)  # hand the heap's free pages back, so they do not hide this case's peak
+            libc.malloc_trim(0)  # the heap's free pages back to the OS: they would hide this peak
         with PeakMemory() as mem:
             fn()
         row['peak_mib'] = mem.mib
@@ -155,10 +177,11 @@ def measure(cases, warmup=1):
 
 
 def attention_case(module, attend, T):
-    """A closure running attend forward (and backward) on fresh random per-head tensors from module.project."""
+    """A closure running attend forward (and backward) on fresh random per-head tensors from
+    module.project."""
     run_backward = backward and not (attend == module.attend_flex and not is_cuda)
     with torch.no_grad():
-        x = torch.randn(batch, T, n_embd, device=device, dtype=ptdtype)
+        x = torch.randn(batch_size, T, n_embd, device=device, dtype=ptdtype)
         inputs = [t.detach().contiguous().requires_grad_(run_backward) for t in module.project(x)]
     grad = None
 
@@ -188,17 +211,20 @@ def report(row):
 def bench_attention():
     cases = []
     for T in [int(s) for s in str(seq_lens).split(',')]:
-        baseline = build_attention(attention_config(attention='softmax', window=0, mix=False,
-                                                    flex=False, causal=True, block_size=T), 0).to(device, ptdtype)
+        softmax = attention_config(attention='softmax', window=0, mix=False, flex=False,
+                                   causal=True, block_size=T)
+        baseline = build_attention(softmax, 0).to(device, ptdtype)
         cases.append((dict(attention='softmax', path='sdpa', T=T, device=device),
-                      attention_case(baseline, baseline.path(), T)))  # path(): SDPA, what forward runs
+                      attention_case(baseline, baseline.path(), T)))  # path(): SDPA, as forward
         module = build_attention(attention_config(block_size=T), 0).to(device, ptdtype)
-        paths = [('flex' if flex else 'math', module.attend_flex if flex else module.path())]  # path(): forward's
+        # path(): what forward runs
+        paths = [('flex' if flex else 'math', module.attend_flex if flex else module.path())]
         if dense and hasattr(module, 'attend_dense'):
             paths.append(('dense', module.attend_dense))
         for path, attend in paths:
-            cases.append((dict(attention=attention, path=path, T=T, device=device,
-                               backward=backward and (path != 'flex' or is_cuda)), attention_case(module, attend, T)))
+            row = dict(attention=attention, path=path, T=T, device=device,
+                       backward=backward and (path != 'flex' or is_cuda))
+            cases.append((row, attention_case(module, attend, T)))
     rows = measure(cases)
     base_ms = {row['T']: row['ms'] for row in rows if row['path'] == 'sdpa'}
     for row in rows:
@@ -206,13 +232,14 @@ def bench_attention():
 
 
 def model_case(T, **overrides):
-    """(model, step): a GPT of the settings (and overrides) for T tokens, and a closure running one train step."""
-    model = GPT(GPTConfig(**dataclass_values(GPTConfig, globals(), block_size=T, vocab_size=50304, **overrides)))
-    model = model.to(device)
+    """(model, step): a GPT of the settings (and overrides) for T tokens, and a closure running one
+    train step."""
+    cfg = dataclass_values(GPTConfig, globals(), block_size=T, vocab_size=50304, **overrides)
+    model = GPT(GPTConfig(**cfg)).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if is_cuda else 'cpu')
     step_model = torch.compile(model) if compile and is_cuda else model
     ctx = precision(device, dtype)[2]
-    idx = torch.randint(50257, (batch, T + 1), device=device)
+    idx = torch.randint(50257, (batch_size, T + 1), device=device)
 
     def step():
         with ctx:
@@ -231,27 +258,32 @@ def bench_model():
         models.append(model)
     peak = peak_flops(device)
     for row, model in zip(measure(cases, warmup=2), models):
-        mfu = model.estimate_mfu(batch, row['ms'] / 1000, peak) if peak else None
-        report({**row, 'vs_softmax': None, 'tokens_per_s': batch * row['T'] / row['ms'] * 1000, 'mfu': mfu})
+        mfu = model.estimate_mfu(batch_size, row['ms'] / 1000, peak) if peak else None
+        tokens_per_s = batch_size * row['T'] / row['ms'] * 1000
+        report({**row, 'vs_softmax': None, 'tokens_per_s': tokens_per_s, 'mfu': mfu})
 
 
 def bench_pace():
-    """Per length: flash softmax and the rule, attention alone and the whole model, in one run; ratios to softmax."""
+    """Per length: flash softmax and the rule, attention alone and the whole model, in one run;
+    ratios to softmax."""
     softmax = dict(attention='softmax', window=0, mix=False, flex=False)
     name = attention + ('-mix' if mix else '') + (' flex' if flex and is_cuda else '')
     for T in [int(s) for s in str(seq_lens).split(',')]:
         cases = []
         for label, overrides in (('softmax sdpa', softmax), (name, {})):
-            module = build_attention(attention_config(block_size=T, causal=True, **overrides), 0).to(device, ptdtype)
+            config = attention_config(block_size=T, causal=True, **overrides)
+            module = build_attention(config, 0).to(device, ptdtype)
             attend = module.attend_flex if module.uses_flex(torch.device(device)) else module.path()
-            cases.append((dict(attention=label, path='attend', T=T, device=device), attention_case(module, attend, T)))
-            cases.append((dict(attention=label, path='model', T=T, device=device), model_case(T, **overrides)[1]))
+            cases.append((dict(attention=label, path='attend', T=T, device=device),
+                          attention_case(module, attend, T)))
+            cases.append((dict(attention=label, path='model', T=T, device=device),
+                          model_case(T, **overrides)[1]))
         rows = measure(cases, warmup=2)
         for row in rows:
-            base = next(r for r in rows if r['path'] == row['path'])  # softmax's row of the same kind
+            base = next(r for r in rows if r['path'] == row['path'])  # softmax's row of this kind
             row = {**row, 'vs_softmax': row['ms'] / base['ms']}
             if row['path'] == 'model':
-                row['tokens_per_s'] = batch * T / row['ms'] * 1000
+                row['tokens_per_s'] = batch_size * T / row['ms'] * 1000
             report(row)
         if profile:
             for row, fn in cases:
@@ -259,7 +291,8 @@ def bench_pace():
 
 
 def print_profile(title, fn):
-    """The top operations of one run of fn by their own time (CUDA kernels on a GPU): where a path's time goes."""
+    """The top operations of one run of fn by their own time (CUDA kernels on a GPU): where a path's
+    time goes."""
     from torch.profiler import ProfilerActivity, profile as profiler
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_cuda else [])
     with profiler(activities=activities) as prof:
@@ -276,36 +309,37 @@ def bench_generate():
     if attention != 'softmax' or window or mix:
         rules.append({})
     lengths = [int(s) for s in str(seq_lens).split(',')]
-    # every position a run reaches: the longest context, then decode_tokens per timed run (warm-up included), so that
-    # learned position embeddings (which stop at block_size) cover them
+    # every position a run reaches: the longest context, then decode_tokens per timed run (warm-up
+    # included), so that learned position embeddings (which stop at block_size) cover them
     longest = max(lengths) + (1 + repeats) * decode_tokens
     for T in lengths:
         rows = []
         for overrides in rules:
             torch.manual_seed(seed)
-            cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=vocab_size, dropout=0.0,
-                                               block_size=max(block_size, longest), **overrides))
+            cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=vocab_size,
+                                               dropout=0.0, block_size=max(block_size, longest),
+                                               **overrides))
             model = GPT(cfg).to(device, ptdtype).eval()
-            # random activations: a real prefill of 16k tokens with full softmax would take minutes on a CPU
-            cache = model.filled_cache(torch.randn(batch, T, model.config.n_embd, device=device, dtype=ptdtype))
-            token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            # random activations: a real prefill of 16k tokens with full softmax would take minutes
+            # on a CPU
+            x = torch.randn(batch_size, T, model.config.n_embd, device=device, dtype=ptdtype)
+            cache = model.filled_cache(x)
+            token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
 
             def step():
                 for _ in range(decode_tokens):
                     model(token, cache=cache)
             ms = milliseconds(step, warmup=1) / decode_tokens
-            name = cfg.attention + ('-mix' if cfg.mix else '')
-            name += f" W={cfg.krause_window}" if cfg.attention == 'krause' else f" W={cfg.window}" if cfg.window else ''
-            rows.append(dict(attention=name, path='decode', T=T, device=device, ms=ms, peak_mib=cache.nbytes() / 2**20,
-                             tokens_per_s=batch * 1000 / ms))
+            rows.append(dict(attention=rule_name(cfg), path='decode', T=T, device=device, ms=ms,
+                             peak_mib=cache.nbytes() / 2**20, tokens_per_s=batch_size * 1000 / ms))
             del model, cache
         for row in rows:  # peak_mib: what the caches hold after the run
             report({**row, 'vs_softmax': row['ms'] / rows[0]['ms']})
 
 
 @torch.no_grad()
-def bench_images():
-    from support.images import cache_mib, timed_draw
+def bench_pixels():
+    from support.pixels import cache_mib, timed_draw
     rules = [dict(attention='softmax', window=0, mix=False)]  # softmax beside the rule
     if attention != 'softmax' or window or mix:
         rules.append({})
@@ -313,26 +347,25 @@ def bench_images():
     for overrides in rules:
         torch.manual_seed(seed)
         cfg = GPTConfig(**dataclass_values(GPTConfig, globals(), vocab_size=256, dropout=0.0,
-                                           block_size=image_tokens - 1, **overrides))
+                                           block_size=subpixels - 1, **overrides))
         model = GPT(cfg).to(device, ptdtype).eval()
         with precision(device, dtype)[2]:
-            _, images_per_s, seconds = timed_draw(model, batch, batch, image_tokens, temperature=1.0)
-        name = cfg.attention + ('-mix' if cfg.mix else '') + (
-            f" W={cfg.krause_window} k={cfg.krause_topk}" if cfg.attention == 'krause' else
-            f" W={cfg.window}" if cfg.window else '')
-        rows.append(dict(attention=name, path='images', T=image_tokens, batch=batch, device=device, dtype=dtype,
-                         ms=seconds * 1000, images_per_s=images_per_s,
-                         peak_mib=cache_mib(model, batch, image_tokens - 1)))
+            _, images_per_s, seconds = timed_draw(model, batch_size, batch_size, subpixels,
+                                                  temperature=1.0)
+        rows.append(dict(attention=rule_name(cfg, with_topk=True), path='pixels', T=subpixels,
+                         batch_size=batch_size, device=device, dtype=dtype, ms=seconds * 1000,
+                         images_per_s=images_per_s,
+                         peak_mib=cache_mib(model, batch_size, subpixels - 1)))
         del model
     for row in rows:  # peak_mib: what the caches hold at the last subpixel
         row['vs_softmax'] = row['images_per_s'] / rows[0]['images_per_s']
         if json_out:
             print(json.dumps(row))
         else:
-            print(f"{row['attention']:>18s} T={row['T']} batch {row['batch']}: {row['images_per_s']:8.3f} images/s "
-                  f"({row['ms'] / 1000:.1f} s)  x{row['vs_softmax']:.2f} softmax's images/s  cache "
-                  f"{row['peak_mib']:.1f} MiB")
+            print(f"{row['attention']:>18s} T={row['T']} batch {row['batch_size']}: "
+                  f"{row['images_per_s']:8.3f} images/s ({row['ms'] / 1000:.1f} s)  "
+                  f"x{row['vs_softmax']:.2f} softmax's images/s  cache {row['peak_mib']:.1f} MiB")
 
 
 {'attention': bench_attention, 'model': bench_model, 'pace': bench_pace, 'generate': bench_generate,
- 'images': bench_images}[mode]()
+ 'pixels': bench_pixels}[mode]()

@@ -1,9 +1,9 @@
-# A CIFAR-10 ARM that trains in minutes on 2 CPU cores, softmax: 2 layers x 128, 4 heads, batch 8 of
-# 3,071-token images, 60 steps (about 3 minutes for softmax, 5 for Krause). Far from the paper's model: it shows
+# A CIFAR-10 pixel model (ARM) that trains in minutes on 2 CPU cores, softmax: 2 layers x 128, 4 heads, batch 8
+# of 3,071-token images, 60 steps (about 3 minutes for softmax, 5 for Krause). Far from the paper's model: it shows
 # the pipeline, bits/dim and samples without a GPU. Its Krause twin: config/arm_cifar10_cpu_krause.py (same
 # everything, window 256, top-k 192).
 # python train.py config/arm_cifar10_cpu_softmax.py
-# python sample.py --out_dir=out-arm-cifar10-cpu-softmax --num_samples=16 --batch=16
+# python sample.py --out_dir=out-arm-cifar10-cpu-softmax --num_samples=16 --batch_size=16
 out_dir = 'out-arm-cifar10-cpu-softmax'
 dataset = 'cifar10_pixels'
 device = 'cpu'

@@ -1,4 +1,4 @@
-# Autoregressive image model (ARM) on CIFAR-10, the Krause paper's third system, softmax baseline:
+# Pixel model (ARM) on CIFAR-10, the Krause paper's third system, softmax baseline:
 # every subpixel a token of 256 values, raster order with R, G, B side by side (3,072 per image; the model reads
 # the first 3,071 and predicts subpixels 2..3,072). 16 layers x 512, 8 heads, learned positions, pre-norm, GELU MLP
 # x4, dropout 0.1; AdamW lr 1e-3, 5% linear warm-up then cosine, 30 epochs. Val loss is reported as bits/dim.

@@ -1,4 +1,4 @@
-# Autoregressive image model on MNIST, softmax baseline (Krause Synchronization Transformers, arXiv 2602.11534):
+# Pixel model (ARM) on MNIST, softmax baseline (Krause Synchronization Transformers, arXiv 2602.11534):
 # config/arm_cifar10_softmax.py's recipe (dropout 0.1, AdamW lr 1e-3, 5% warm-up then cosine, 30 epochs, batch 64:
 # ours, 937 steps per epoch) on 784 grey subpixels per image, 12 layers x 256, 8 heads.
 # The paper: 0.5685 bits/dim (softmax), 0.5652 (Krause, config/arm_mnist_krause.py), sampling 83 -> 106 images/s.

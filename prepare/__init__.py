@@ -9,8 +9,11 @@ source=None, ...) is idempotent: it returns at once when data_dir already holds 
 import importlib
 import json
 import os
+from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository, which holds data/ and the scripts
 
 
 def val_tokens_needed(cfg):
@@ -40,7 +43,7 @@ DATASETS = {
     'fineweb_edu': ('fineweb_edu', 'text', _token_budget),
     'cifar10': ('cifar', 'image', lambda cfg: dict(dataset='cifar10')),
     'cifar100': ('cifar', 'image', lambda cfg: dict(dataset='cifar100')),
-    'cifar10_pixels': ('cifar', 'pixels', lambda cfg: dict(dataset='cifar10')),  # autoregressive image models
+    'cifar10_pixels': ('cifar', 'pixels', lambda cfg: dict(dataset='cifar10')),  # for the pixel model
     'mnist_pixels': ('cifar', 'pixels', lambda cfg: dict(dataset='mnist')),
 }
 PIXELS_OF = {'cifar10_pixels': 'cifar10', 'mnist_pixels': 'mnist'}  # pixel dataset -> the image dataset it reads
@@ -53,7 +56,7 @@ def stored_as(name):
 
 def default_data_dir(name):
     """Where `name` is prepared unless data_dir says otherwise: data/<stored_as(name)> at the repo root."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', stored_as(name))
+    return os.path.join(ROOT, 'data', stored_as(name))
 
 
 def check_dataset_name(name):

@@ -1,5 +1,5 @@
 """
-CIFAR-10 / CIFAR-100 / MNIST -> uint8 arrays for the image batcher (ViT) and the pixel sequences (image GPT) in data.py.
+CIFAR-10 / CIFAR-100 / MNIST -> uint8 arrays for the image batcher (ViT) and the pixel model's sequences in data.py.
 Writes to data_dir: train_x.npy (N, side, side, channels) uint8 (CIFAR 32x32x3, MNIST 28x28x1), train_y.npy (N,)
 int64, val_x.npy, val_y.npy (val = the official test split) and meta.json. Source: the Hugging Face Hub
 (uoft-cs/cifar10, uoft-cs/cifar100, ylecun/mnist) or a local folder with train.parquet and test.parquet in the same

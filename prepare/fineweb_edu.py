@@ -12,10 +12,11 @@ if __name__ == "__main__":  # run as a script: make the `prepare` package import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import load_dataset
 
+from prepare import default_data_dir
 from prepare.text import arg_parser, open_dataset, prepare_text, prepared_enough
 
 HUB = "HuggingFaceFW/fineweb-edu"
-DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "fineweb_edu"
+DATA_DIR = default_data_dir("fineweb_edu")
 
 
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, sample="sample-10BT", **kwargs):

@@ -14,10 +14,11 @@ if __name__ == "__main__":  # run as a script: make the `prepare` package import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import load_dataset
 
+from prepare import default_data_dir
 from prepare.text import arg_parser, open_dataset, prepare_text, prepared_enough, read_meta
 
 HUB = "Skylion007/openwebtext"
-DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "openwebtext"
+DATA_DIR = default_data_dir("openwebtext")
 # label -> load_dataset arguments, tried in this order; each keeps the documents in the repo's order
 CANDIDATES = {
     HUB: dict(path=HUB),  # works once the repo's loading script is gone

@@ -11,9 +11,10 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prepare import default_data_dir
 from prepare.shakespeare_char import URL, main, read_text, write_splits
 
-DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'shakespeare')
+DEFAULT_DIR = default_data_dir('shakespeare')
 
 
 def prepare(data_dir=DEFAULT_DIR, source=None):

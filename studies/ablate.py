@@ -31,6 +31,7 @@ from tqdm import tqdm
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attention import ATTENTION
+from prepare import ROOT
 from support.atomic import write_atomically, write_or_exit, write_text
 from support.rundir import RunDir
 from support.checks import check_int_list, check_or_exit, script_settings
@@ -45,15 +46,14 @@ train = True                # train the runs that are missing; False: only tabul
 recipe = ''                 # more train.py arguments for every run, after the budget's (e.g. "--dtype=float32")
 text_source = ''            # the text and shortcut systems' data instead of the download (train.py --data_source)
 cifar_source = ''           # the vit and pixels systems' CIFAR-10 (a folder with train/test.parquet)
-exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEMS = {  # the columns: what each trains, and the metric its paper reports
     'recall': 'multi-query associative recall (the default job): answer accuracy, whole val split',
     'text': 'language model (tiny-shakespeare characters; paper: GPT-2 on FineWeb-Edu): val loss, whole val split',
     'passkey': 'passkey retrieval trained at T: whole-passkey accuracy at 1x / 2x / 4x T',
     'vit': 'ViT on CIFAR-10: top-1 accuracy, test split',
-    'pixels': 'pixel-by-pixel image model on CIFAR-10: bits/dim on the test split; images/s drawn at a fixed batch',
+    'pixels': 'pixel model on CIFAR-10: bits/dim on the test split; images/s drawn at a fixed batch',
     'shortcut': 'a pretrained base fine-tuned with the rule as a LoRA shortcut beside its softmax: val loss',
 }
 SOURCES = {'text': 'text_source', 'shortcut': 'text_source', 'vit': 'cifar_source', 'pixels': 'cifar_source'}
@@ -100,7 +100,7 @@ BUDGETS = {
 ROWS = {
     'softmax': {'causal': '--attention=softmax', 'vit': '--attention=softmax'},
     'krause': {'causal': '--attention=krause --krause_window=32 --krause_topk=16',  # the paper's LM
-               'pixels': '--attention=krause --krause_window=256 --krause_topk=192',  # its image model
+               'pixels': '--attention=krause --krause_window=256 --krause_topk=192',  # its pixel model
                'vit': '--attention=krause --krause_topk=2 --krause_radius=1 --krause_sigma=2.5'},  # config/krause_vit.py
     'attentionx': {'causal': '--attention=attentionx --attnx_gamma=3',
                    'vit': '--attention=attentionx --attnx_gamma=1 --attnx_mask_diagonal=True'},
@@ -246,14 +246,14 @@ def score_run(row, system, seed, arguments):
     return {'metrics': metrics, 'log': log}
 
 
-def draw_speed(folder, batch):
-    """Images per second drawn from a pixel model with its cache, `batch` images at once, on the device it trained on
-    (support/images.py; here in the lab's process)."""
+def draw_speed(folder, batch_size):
+    """Images per second drawn from a pixel model with its cache, `batch_size` images at once, on the device it
+    trained on (support/pixels.py; here in the lab's process)."""
     from support.loading import load_run
-    from support.images import timed_draw
+    from support.pixels import timed_draw
     run = load_run(folder, 'cpu')
     model = run.model.to(run.config.get('device', 'cpu')).eval()
-    return timed_draw(model, batch, batch, model.config.block_size + 1)[1]
+    return timed_draw(model, batch_size, batch_size, model.config.block_size + 1)[1]
 
 
 def training_rate(folder):

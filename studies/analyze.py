@@ -36,7 +36,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attention import MixAttention, causal_mask, dense_mask
 from model import layer_inputs_outputs
-from prepare import check_files, dataset_kind, read_meta, recorded_dataset, stored_as
+from prepare import ROOT, check_files, dataset_kind, read_meta, recorded_dataset, stored_as
 from support.atomic import write_atomically, write_or_exit
 from support.loading import load_run
 from support.checks import (check_device, check_folder, check_or_exit, check_ranges, check_writable_file,
@@ -51,7 +51,7 @@ batch_size = 8              # validation examples (text: windows of block_size t
                             # first rows of train.py's evaluation batches (its generator, seeded its seed + 1)
 untrained = False           # also analyse a fresh model of each checkpoint's config (the same seed's init)
 example = 0                 # the example whose attention maps are plotted
-json_out = ''               # default: analysis.json in the first out_dir
+json_path = ''              # where the JSON goes; default: analysis.json in the first out_dir
 plots = ''                  # a folder for PNG plots (needs matplotlib); '' for none
 device = 'cpu'              # where the models run ('cuda' for long contexts); the metrics are computed on the CPU
 seed = 1337
@@ -67,13 +67,13 @@ def check_analyze_settings(c):
         raise ValueError(f"example={c['example']} must be below batch_size={c['batch_size']} (the examples are "
                          f"numbered from 0); pass --example={c['batch_size'] - 1} or less, or a larger --batch_size")
     check_folder(c, 'data_dir', "the dataset the checkpoints were trained on")
-    check_writable_file(c, 'json_out', 'analysis JSON')
+    check_writable_file(c, 'json_path', 'analysis JSON')
     if c['plots'] and os.path.exists(c['plots']) and not os.path.isdir(c['plots']):
         raise ValueError(f"plots={c['plots']} is a file, not a folder; pass --plots=FOLDER for the PNGs")
 
 
 if __name__ == '__main__':  # tests import the metrics without reading the command line
-    exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+    exec(open(ROOT / 'configurator.py').read())
     check_or_exit(check_analyze_settings, script_settings(globals()))
 # -----------------------------------------------------------------------------
 THRESHOLDS = (0.9, 0.95, 0.99)
@@ -406,14 +406,14 @@ def main():
     if not entries:  # every run was skipped, each saying why above: nothing to write
         raise SystemExit(f"error: none of the {len(dirs)} out_dir(s) could be analysed (each said why above); pass "
                          f"--out_dir=DIR of a train.py run")
-    target = json_out or os.path.join(next((d for d in dirs if os.path.isdir(d)), '.'), 'analysis.json')
+    target = json_path or os.path.join(next((d for d in dirs if os.path.isdir(d)), '.'), 'analysis.json')
 
     def write_json(tmp):
         with open(tmp, 'w') as f:
             json.dump({'checkpoints': [{k: v for k, v in e.items() if k not in ('log', 'slug')} for e in entries],
                        'errors': problems}, f, indent=1)
     write_or_exit(target, write_json, "the tables printed above are all that was kept",
-                  "pass --json_out=PATH in a folder you can write to (or free space there) and run again")
+                  "pass --json_path=PATH in a folder you can write to (or free space there) and run again")
     print(f"\nwrote {target}")
     if plots:
         try:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, layer_inputs_outputs
-from prepare import check_files
+from prepare import ROOT, check_files
 from support.loading import load_run
 from support.checks import check_folder, check_int_list, check_or_exit, check_ranges, script_settings
 from support.data import Batches
@@ -50,7 +50,7 @@ def check_cluster_swap_settings(c):
 
 
 if __name__ == '__main__':  # tests import the functions without reading the command line
-    exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+    exec(open(ROOT / 'configurator.py').read())
     check_or_exit(check_cluster_swap_settings, script_settings(globals()))
 # -----------------------------------------------------------------------------
 

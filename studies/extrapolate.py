@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import check_files
+from prepare import ROOT, check_files
 from prepare.passkey import make_examples, make_text_examples, parse_needles, shortest
 from machinery.rope import ROPE_SCALINGS
 from support.loading import load_run
@@ -51,7 +51,7 @@ seed = 1337
 rope_scaling = ''           # RoPE scaling at evaluation ('none', 'linear', 'ntk'); '' keeps the checkpoint's
 rope_factor = 0.0           # its factor s; 0 keeps the checkpoint's
 json_out = False
-exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 
 

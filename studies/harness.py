@@ -297,5 +297,6 @@ def main():
 
 
 if __name__ == '__main__':
-    exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configurator.py')).read())
+    from prepare import ROOT
+    exec(open(ROOT / 'configurator.py').read())
     main()

@@ -10,7 +10,7 @@ What train.py and the scripts share, written once; nothing here is needed to rea
   checks.py      train.py's settings, each checked before any work, one `error:` line naming the key
   runtime.py     config keys from the model dataclasses, device precision and autocast, peak FLOP/s, DDP sums
   pretrained.py  starting from a base (GPT-2 from the Hub, a folder in its layout, a checkpoint of ours)
-  images.py      drawing, timing and saving images from an autoregressive image model (sample.py, bench.py)
+  pixels.py      the pixel model: drawing, timing and saving its images (sample.py, bench.py)
   hellaswag.py   HellaSwag acc_norm, build-nanogpt's way (train.py --hellaswag=True)
 
 Support modules import the model files (model.py, vit.py, attention.py) and prepare/; never a script of studies/.

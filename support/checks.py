@@ -1,11 +1,12 @@
 """
 Settings checked before any work is done (no folder made, no data prepared, no checkpoint opened): a bad value is a
 ValueError whose message names the key and the fix, and the script prints it as its one `error:` line
-(`check_or_exit`). train.py's checks are the model; every script a user runs checks its own the same way, with the
-same range helpers. The checks run in the order written, which is the order of precedence: when two settings are
-wrong, the earlier check names its own.
+(`check_or_exit`, or `one_line_errors` around a block). train.py's checks are the model; every script a user runs
+checks its own the same way, with the same range helpers. The checks run in the order written, which is the order of
+precedence: when two settings are wrong, the earlier check names its own.
 """
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -14,7 +15,7 @@ from model import GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from
 from prepare import DATASETS, check_dataset_name, dataset_kind
 from prepare.passkey import DIGITS, parse_needles, shortest
-from support.runtime import check_attention_layers, dataclass_values
+from support.runtime import DTYPES, check_attention_layers, dataclass_values
 from vit import ViTConfig
 
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
@@ -27,12 +28,20 @@ VIT_KEYS = ('patch_size', 'num_classes', 'augment', 'mixup_alpha', 'cutmix_alpha
             'label_smoothing')  # train.py's keys that only a ViT (an image dataset) reads
 
 
+@contextmanager
+def one_line_errors(*errors):
+    """A ValueError (or an error of the kinds given) raised inside ends the script with its message as one
+    `error:` line."""
+    try:
+        yield
+    except (ValueError, *errors) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def check_or_exit(check, *args, **kwargs):
     """Run a settings check; a ValueError ends the script with its message as one `error:` line."""
-    try:
+    with one_line_errors():
         return check(*args, **kwargs)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
 
 
 def check_ranges(c, at_least_one=(), not_negative=(), below_one=()):
@@ -89,8 +98,7 @@ def check_train_config(config, world_size=1, set_keys=()):
         if c['block_size'] < shortest(DIGITS, max(counts)):
             raise ValueError(f"block_size={c['block_size']} cannot hold {max(counts)} passkeys and the question; pass "
                              f"--block_size={shortest(DIGITS, max(counts))} or more, or fewer --passkey_needles")
-    if c['dtype'] not in ('float32', 'bfloat16', 'float16'):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{c['dtype']}'")
+    check_dtype(c['dtype'])
     if c['eval_full'] and not c['eval_only']:
         raise ValueError("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True "
                          "--init_from=resume")
@@ -127,20 +135,17 @@ def check_device(device):
         raise ValueError(f"device='{device}' is not available on this machine; pass --device=cpu")
 
 
+def check_dtype(dtype):
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got '{dtype}'; pass --dtype=float32")
+
+
 # -----------------------------------------------------------------------------
 # shared by the other scripts' checks (sample.py, bench.py, studies/)
-
-DTYPE_NAMES = ('float32', 'bfloat16', 'float16')
-
 
 def script_settings(scope):
     """{key: value} of a script's settings: the plain values of its globals, as configurator.py reads them."""
     return {k: v for k, v in scope.items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))}
-
-
-def check_dtype(dtype):
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got '{dtype}'; pass --dtype=float32")
 
 
 def check_int_list(c, key, example, at_least=1):

@@ -2,9 +2,9 @@
 Batches of a prepared dataset for train.py, whatever its kind (prepare/__init__.py): 'text' is a uint16 token stream
 read at random offsets, 'examples' are fixed (x, y) rows, 'image' are uint8 images kept on the device and augmented
 there, 'pixels' are those images read as sequences of subpixels (raster order, channels side by side: one token
-each, 256 values) for an autoregressive image model, which predicts subpixels 2..N from their prefix. A batch is
-named by its rows ix (and a training batch of images by an augmentation seed too), drawn from a generator the
-caller owns, so a resumed run and N DDP processes read exactly what one uninterrupted run would.
+each, 256 values) for the pixel model, which predicts subpixels 2..N from their prefix. A batch is named by its
+rows ix (and a training batch of images by an augmentation seed too), drawn from a generator the caller owns, so a
+resumed run and N DDP processes read exactly what one uninterrupted run would.
 """
 import math
 import os
@@ -100,8 +100,14 @@ class DataChanged(ValueError):
 
 
 def bits_per_dim(loss):
-    """A mean cross-entropy in nats per predicted subpixel, in bits per subpixel (the image models' measure)."""
+    """A mean cross-entropy in nats per predicted subpixel, in bits per subpixel (the pixel model's measure)."""
     return loss / math.log(2)
+
+
+def answer_counts(logits, targets):
+    """(right, asked): of the targets that ask for an answer (-1: none), how many the logits' argmax gets right."""
+    asked = targets != -1
+    return (logits.argmax(-1) == targets)[asked].sum().item(), asked.sum().item()
 
 
 class Batches:

@@ -17,8 +17,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from prepare import ROOT
+
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
-CACHE_DIR = Path(__file__).resolve().parents[1] / "data" / "hellaswag"
+CACHE_DIR = ROOT / "data" / "hellaswag"
 
 
 def download(cache_dir=CACHE_DIR):

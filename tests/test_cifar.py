@@ -3,7 +3,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import datasets
 import numpy as np
@@ -12,14 +11,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from support import data as A  # noqa: E402
-from prepare import cifar  # noqa: E402
-from vit import soft_cross_entropy  # noqa: E402
+from conftest import ROOT, SHARED, needs_shared
+from support import data as A
+from prepare import cifar
+from vit import soft_cross_entropy
 
-SHARED = Path(__file__).resolve().parents[2] / 'shared' / 'data'
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f'offline data samples not found at {SHARED}')
 CIFAR10_NAMES = ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck']
 
 @pytest.fixture(autouse=True)

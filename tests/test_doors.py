@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import run_forked, write_tiny_cifar
+from conftest import ROOT, run_forked, write_tiny_cifar
 
 TEXT = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4',
         '--eval_iters=1', '--device=cpu', '--compile=False', '--warmup_iters=1', '--lr_decay_iters=4']
@@ -28,19 +28,19 @@ CASES = [
     ('sample.py', ['--out_dir=B', '--temperature=-1'], r"temperature=-1.0 must not be negative.*pass --temperature"),
     ('sample.py', ['--out_dir=B', '--max_new_tokens=-5'], r"max_new_tokens=-5 must not be negative"),
     ('sample.py', ['--out_dir=B', '--num_samples=0'], r"num_samples=0 must be at least 1; pass --num_samples=1"),
-    ('sample.py', ['--out_dir=P', '--batch=0'], r"batch=0 must be at least 1; pass --batch=1"),
+    ('sample.py', ['--out_dir=P', '--batch_size=0'], r"batch_size=0 must be at least 1; pass --batch_size=1"),
     ('sample.py', ['--out_dir=P', '--num_samples=-2'], r"num_samples=-2 must be at least 1"),
     ('sample.py', ['--out_dir=P', '--png={d}/missing/x.png'], r"png=.*missing/x.png: its folder .* does not exist"),
     ('sample.py', ['--out_dir=P', '--png={d}/grid.jpg'], r"png=.*grid.jpg must end in .png"),
     ('sample.py', ['--out_dir=P', '--png={d}'], r"png=.* is a folder; pass --png=PATH"),
-    ('sample.py', ['--out_dir=P', '--num_samples=100', '--batch=50', '--complete=True'],
+    ('sample.py', ['--out_dir=P', '--num_samples=100', '--batch_size=50', '--complete=True'],
      r"num_samples=100 with complete=True .* holds 5; pass --num_samples=5 or fewer"),
     ('sample.py', ['--out_dir=P', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder; pass --data_dir"),
     ('bench.py', [*SMALL, '--device=gpu'], r"device='gpu' is not a device"),
     ('bench.py', [*SMALL, '--seq_lens=32,abc'], r"seq_lens='32,abc' must be comma-separated whole numbers"),
     ('bench.py', [*SMALL, '--seq_lens=0'], r"seq_lens='0' must be .* each at least 1; pass e.g. --seq_lens="),
     ('bench.py', [*SMALL, '--seq_lens='], r"seq_lens='' must be comma-separated"),
-    ('bench.py', [*SMALL, '--batch=0'], r"batch=0 must be at least 1"),
+    ('bench.py', [*SMALL, '--batch_size=0'], r"batch_size=0 must be at least 1"),
     ('bench.py', [*SMALL, '--repeats=0'], r"repeats=0 must be at least 1"),
     ('bench.py', [*SMALL, '--n_head=3'], r"n_embd=16 must be a multiple of n_head=3"),
     ('bench.py', [*SMALL, '--n_embd=0'], r"n_embd=0 must be at least 1"),
@@ -48,9 +48,9 @@ CASES = [
     ('bench.py', [*SMALL, '--dtype=float64'], r"dtype must be .* got 'float64'"),
     ('bench.py', [*SMALL, '--mode=generate', '--decode_tokens=0'], r"decode_tokens=0 must be at least 1"),
     ('bench.py', [*SMALL, '--mode=generate', '--vocab_size=0'], r"vocab_size=0 must be at least 1"),
-    ('bench.py', [*SMALL, '--mode=images', '--image_tokens=1'], r"image_tokens=1 must be at least 2"),
+    ('bench.py', [*SMALL, '--mode=pixels', '--subpixels=1'], r"subpixels=1 must be at least 2"),
     ('bench.py', [*SMALL, '--attention=nope'], r"unknown attention 'nope'"),
-    ('bench.py', [*SMALL, '--mode=xyz'], r"mode must be one of attention, model, pace, generate, images; got 'xyz'"),
+    ('bench.py', [*SMALL, '--mode=xyz'], r"mode must be one of attention, model, pace, generate, pixels; got 'xyz'"),
     ('studies/extrapolate.py', ['--out_dir=B', '--multiples=1,x'], r"multiples='1,x' must be comma-separated"),
     ('studies/extrapolate.py', ['--out_dir=B', '--multiples=0'], r"multiples='0' must be .* at least 1"),
     ('studies/extrapolate.py', ['--out_dir=B', '--num_tokens=0'], r"num_tokens=0 must be at least 1"),
@@ -73,8 +73,8 @@ CASES = [
     ('studies/analyze.py', ['--out_dir=B', '--example=9', '--batch_size=2'], r"example=9 must be below batch_size=2"),
     ('studies/analyze.py', ['--out_dir=,'], r"out_dir is empty; pass --out_dir=DIR"),
     ('studies/analyze.py', ['--out_dir={d}/nowhere'], r"none of the 1 out_dir\(s\) could be analysed"),
-    ('studies/analyze.py', ['--out_dir=B', '--json_out={d}/missing/a.json'], r"json_out=.*: its folder .* does not exist"),
-    ('studies/analyze.py', ['--out_dir=B', '--json_out={d}'], r"json_out=.* is a folder"),
+    ('studies/analyze.py', ['--out_dir=B', '--json_path={d}/missing/a.json'], r"json_path=.*: its folder .* does not exist"),
+    ('studies/analyze.py', ['--out_dir=B', '--json_path={d}'], r"json_path=.* is a folder"),
     ('studies/analyze.py', ['--out_dir=B', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder"),
     ('studies/analyze.py', ['--out_dir=B', '--plots={d}/input.txt'], r"plots=.*input.txt is a file, not a folder"),
     ('studies/ablate.py', ['--out_root={d}/abl', '--rules=softmax,nope'], r"rules: unknown name\(s\) nope; pass e.g."),
@@ -167,15 +167,15 @@ def test_a_failed_write_is_one_line_and_leaves_no_temporary_file(runs, tmp_path)
     for path in (png, analysis):
         os.symlink('/dev/full', f'{path}.tmp')
     (rc_s, out_s), (rc_a, out_a) = run_forked(
-        {'argv': ['sample.py', f'--out_dir={d / "pixels"}', '--num_samples=2', '--batch=2', f'--png={png}']},
-        {'argv': ['studies/analyze.py', f'--out_dir={d / "base"}', f'--json_out={analysis}', '--batch_size=2']})
+        {'argv': ['sample.py', f'--out_dir={d / "pixels"}', '--num_samples=2', '--batch_size=2', f'--png={png}']},
+        {'argv': ['studies/analyze.py', f'--out_dir={d / "base"}', f'--json_path={analysis}', '--batch_size=2']})
     assert rc_s == 1 and 'Traceback' not in out_s, out_s[-2000:]
     assert last_line(out_s) == (f"error: cannot write {png} (No space left on device); nothing was written, and the 2 "
                                 f"images drawn are not kept; pass --png=PATH.png in a folder you can write to, and "
                                 f"run again")
     assert rc_a == 1 and 'Traceback' not in out_a, out_a[-2000:]
     assert last_line(out_a) == (f"error: cannot write {analysis} (No space left on device); the tables printed above "
-                                f"are all that was kept; pass --json_out=PATH in a folder you can write to (or free "
+                                f"are all that was kept; pass --json_path=PATH in a folder you can write to (or free "
                                 f"space there) and run again")
     assert '== ' in out_a  # the tables were printed before
     assert sorted(os.listdir(tmp_path)) == []  # no temporary file (nor its link), no half-written file
@@ -191,7 +191,7 @@ def test_merge_lora_never_overwrites_its_input(runs, tmp_path):
     before = hashlib.sha256(ckpt.read_bytes()).hexdigest()
     os.symlink(run, tmp_path / 'link')
     spellings = [ckpt, run / '..' / 'run' / '.' / 'ckpt.pt', tmp_path / 'link' / 'ckpt.pt',
-                 os.path.relpath(ckpt, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
+                 os.path.relpath(ckpt, ROOT)]
     results = run_forked(*({'argv': ['studies/merge_lora.py', f'--ckpt={ckpt}', f'--out={out}']} for out in spellings),
                          {'argv': ['studies/merge_lora.py', f'--ckpt={ckpt}', f'--out={run / "merged.pt"}']})
     for out_path, (rc, out) in zip(spellings, results):

@@ -157,7 +157,7 @@ def test_bench_times_the_krause_mix_form():
 
 def test_bench_pace_puts_the_rule_beside_softmax_alone_and_in_the_model():
     out = run_script('bench.py', '--mode=pace', '--attention=tda', '--seq_lens=48', '--repeats=1', '--n_layer=1',
-                     '--n_embd=32', '--n_head=2', '--batch=2', '--profile=True', '--json')
+                     '--n_embd=32', '--n_head=2', '--batch_size=2', '--profile=True', '--json')
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
     assert [(r['attention'], r['path']) for r in rows] == [('softmax sdpa', 'attend'), ('softmax sdpa', 'model'),
                                                            ('tda', 'attend'), ('tda', 'model')]

@@ -123,7 +123,7 @@ def test_the_data_folder_is_the_recorded_one_else_the_datasets_default(runs):
     if folder.exists():
         pytest.skip(f"{folder} is prepared in this checkout: the scripts would read it")
     (rc_a, out_a), (rc_e, out_e) = run_forked(
-        {'argv': ['studies/analyze.py', f'--out_dir={old_text.parent}', f'--json_out={d / "old.json"}']},
+        {'argv': ['studies/analyze.py', f'--out_dir={old_text.parent}', f'--json_path={d / "old.json"}']},
         {'argv': ['studies/extrapolate.py', f'--out_dir={old_text.parent}']})
     assert rc_a == 1 and f"error: {old_text.parent}: {folder} has no meta.json" in out_a, out_a[-2000:]
     assert rc_e == 1 and 'Traceback' not in out_e and f"error: {folder} has no meta.json" in out_e, out_e[-2000:]

@@ -1,4 +1,4 @@
-"""Autoregressive image models: pixel sequences read from a prepared image dataset, MNIST prepared from
+"""The pixel model: pixel sequences read from a prepared image dataset, MNIST prepared from
 its parquet, bits/dim from --eval_full exact (all-equal logits: 8 bits; by hand on a tiny split; 2 gloo processes
 == 1), and images drawn with the cache exactly as without it. Tiny 4x4 images: a few seconds each."""
 import json
@@ -14,7 +14,7 @@ from PIL import Image
 from attention import ATTENTION
 from conftest import rule_cases, run_script, write_tiny_cifar
 from support.data import Batches, bits_per_dim
-from support.images import draw
+from support.pixels import draw
 from model import GPT, GPTConfig
 from prepare import check_files, cifar
 
@@ -106,7 +106,7 @@ CASES = [dict(attention=name) for name in ATTENTION] + [dict(attention='krause',
 
 
 @pytest.mark.parametrize('kw', rule_cases(CASES, 'has_cache'))
-def test_cached_image_sampling_equals_uncached(kw):
+def test_cached_pixel_sampling_equals_uncached(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**PIXEL_MODEL, **kw})).double().eval()
     torch.manual_seed(1)  # the first subpixels, uniform
@@ -118,10 +118,10 @@ def test_cached_image_sampling_equals_uncached(kw):
 def test_sample_py_draws_and_completes_images(pixel_dir, tmp_path):
     out = tmp_path / 'out'
     run_script('train.py', *TINY, f'--data_dir={pixel_dir}', f'--out_dir={out}', '--max_iters=1', '--eval_interval=1')
-    log = run_script('sample.py', f'--out_dir={out}', '--num_samples=3', '--batch=2', '--device=cpu', '--top_k=0')
+    log = run_script('sample.py', f'--out_dir={out}', '--num_samples=3', '--batch_size=2', '--device=cpu', '--top_k=0')
     assert '3 images of 48 subpixels (drawn, batch 2, softmax)' in log and 'images/s' in log and 'MiB' in log
     assert np.asarray(Image.open(out / 'samples.png')).shape == (2 + 1 * 6, 2 + 8 * 6, 3)  # one row of 4x4 + 2 pad
-    run_script('sample.py', f'--out_dir={out}', '--num_samples=2', '--batch=2', '--device=cpu', '--complete=True',
+    run_script('sample.py', f'--out_dir={out}', '--num_samples=2', '--batch_size=2', '--device=cpu', '--complete=True',
                '--temperature=0.0')
     grid = np.asarray(Image.open(out / 'completions.png'))  # original, completion, original, completion
     val = np.load(pixel_dir / 'val_x.npy')

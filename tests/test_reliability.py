@@ -245,7 +245,7 @@ def test_whole_split_eval_and_analyze_bad_input(rows):
         {'argv': ['train.py', *TINY, f'--data_dir={folder / "recall"}', '--max_iters=4', '--eval_interval=4',
                   f'--out_dir={ckpt}', '--eval_only=True', '--eval_full=True', '--init_from=resume']},
         {'argv': ['studies/analyze.py', f'--out_dir={folder / "nope"},{ckpt},{folder / "ckpt_chars"}',
-                  f'--data_dir={folder / "recall"}', f'--json_out={folder / "analysis.json"}']})
+                  f'--data_dir={folder / "recall"}', f'--json_path={folder / "analysis.json"}']})
     assert rc_eval == 0 and re.search(r"^full val split at iteration 4: val loss [\d.]+, val acc [\d.]+ over 2,000 "
                                       r"examples \(24,000 targets\)$", out_eval, re.M), out_eval[-2000:]
     assert json.loads((ckpt / 'eval_full.json').read_text())['targets'] == 24000

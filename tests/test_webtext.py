@@ -7,20 +7,18 @@ import subprocess
 import sys
 import types
 import urllib.error
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not DATA.exists():
-    pytest.skip(f"offline data samples not found at {DATA}", allow_module_level=True)
-if (DATA / "tiktoken_cache").exists():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(DATA / "tiktoken_cache")  # GPT-2 BPE without the network
-sys.path.insert(0, str(ROOT))
+from conftest import ROOT, SHARED
+
+if not SHARED.exists():
+    pytest.skip(f"offline data samples not found at {SHARED}", allow_module_level=True)
+if (SHARED / "tiktoken_cache").exists():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken_cache")  # GPT-2 BPE without the network
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -30,10 +28,10 @@ from support import hellaswag  # noqa: E402
 import prepare  # noqa: E402
 from prepare import fineweb_edu, openwebtext, read_meta, text  # noqa: E402
 
-PARQUET = DATA / "fineweb_edu" / "fineweb_edu_150docs.parquet"
-JSONL = DATA / "fineweb_edu" / "fineweb_edu_150docs.jsonl"
-TXT = DATA / "openwebtext" / "openwebtext_sample.txt"
-HELLASWAG = DATA / "hellaswag" / "hellaswag_val_1000.jsonl"
+PARQUET = SHARED / "fineweb_edu" / "fineweb_edu_150docs.parquet"
+JSONL = SHARED / "fineweb_edu" / "fineweb_edu_150docs.jsonl"
+TXT = SHARED / "openwebtext" / "openwebtext_sample.txt"
+HELLASWAG = SHARED / "hellaswag" / "hellaswag_val_1000.jsonl"
 EOT = 50256
 enc = tiktoken.get_encoding("gpt2")
 
@@ -177,7 +175,7 @@ def test_a_folder_prepared_for_less_reads_on_until_val_suffices(tmp_path):
 
 def test_openwebtext_txt_as_a_script(tmp_path):
     docs = [doc for doc in TXT.read_text().split("\n\n") if doc]  # documents are blank-line separated
-    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(DATA / "tiktoken_cache"))
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(SHARED / "tiktoken_cache"))
     subprocess.run([sys.executable, "prepare/openwebtext.py", f"--source={TXT}", f"--data_dir={tmp_path}"],
                    cwd=ROOT, env=env, check=True, capture_output=True)
     meta = json.loads((tmp_path / "meta.json").read_text())
