@@ -28,7 +28,8 @@ from support.rundir import RunDir
 from support.checks import check_train_config, one_line_errors
 from support.data import Batches, answer_counts, bits_per_dim
 from model import GPT, GPTConfig, attention_reports
-from support.pretrained import OWN_STARTS, check_tokens, fine_tune_args, load_base, load_base_weights
+from support.pretrained import (OWN_STARTS, check_tokens, fine_tune_args, load_base,
+                                load_base_weights)
 from prepare import (ROOT, check_dataset_dir, check_files, dataset_kind, default_data_dir,
                      prepare_dataset, val_tokens_needed)
 from support.runtime import (all_sum, init_ddp, dataclass_defaults, dataclass_values, peak_flops,
@@ -289,8 +290,7 @@ def get_lr(it):
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-# logging: out_dir/log.jsonl on rank 0, trimmed back to the checkpoint on resume (MetricsLog), and
-# wandb; eval_only measures a checkpoint, it is not training: the log stays as it is
+# logging: out_dir/log.jsonl on rank 0, trimmed back on resume (MetricsLog), wandb; not eval_only's
 metrics = (MetricsLog(out_dir, run.saved_iter, wandb_log, run.stop_on_failed_write)
            if master_process and not eval_only else None)
 if master_process and wandb_log:
