@@ -1,10 +1,14 @@
 """Shared test helpers: the repo on sys.path, the offline data samples (skipped with a reason where absent),
 running train.py as a user would, and the cases of the tests that run every rule (each on what it declares)."""
+import atexit
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,26 +22,83 @@ if (SHARED / 'tiktoken_cache').is_dir():
     os.environ.setdefault('TIKTOKEN_CACHE_DIR', str(SHARED / 'tiktoken_cache'))
 
 
-def run_script(*args, launcher=(sys.executable,), check=True, timeout=600, cwd=ROOT):
-    """Run a repo script in a subprocess on one CPU thread (from the repo root unless cwd says otherwise);
-    return its combined output."""
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-    proc = subprocess.run([*launcher, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc.stdout + proc.stderr
+def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):
+    """Run a repo script as `python script args` runs it, on one CPU thread, from the repo root unless cwd says
+    otherwise; return its combined output. A .py file is forked from a process that imported torch and this repo's
+    modules once (run_forked): the same run without two seconds of imports. Anything else (`-c`, a launcher such as
+    torchrun, or (sys.executable,): an interpreter of its own, for a script of another copy of the repo) runs as a
+    subprocess."""
+    if launcher is None and str(args[0]).endswith('.py'):
+        (code, out), = run_forked({'argv': [str(a) for a in args], 'cwd': str(cwd)}, timeout=timeout)
+        stdout, stderr = out, ''
+    else:
+        env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+        proc = subprocess.run([*(launcher or (sys.executable,)), *map(str, args)], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    if check and code != 0:
+        raise AssertionError(f"{args} failed ({code}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return stdout + stderr
 
 
-def run_forked(*runs, timeout=300):
-    """Each run ({'argv': [script, *args], 'kill': [within, target, n] or None}, see tests/faults.py) as a process of
-    its own, forked from one that imported torch and the repo once: [(exit code, output)], in order; -9 is SIGKILL."""
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-    proc = subprocess.run([sys.executable, str(ROOT / 'tests' / 'faults.py')], input=json.dumps(runs), env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if proc.returncode != 0:
-        raise AssertionError(f"tests/faults.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return [(r['rc'], r['out']) for r in json.loads(proc.stdout)]
+class Forker:
+    """tests/faults.py, one process for the test session: it imports torch and the repo once and forks a child per
+    run, in the caller's environment of the moment (what its own imports read from the environment, they read when it
+    started)."""
+
+    def __init__(self):
+        self.log = tempfile.TemporaryFile()  # its own messages (its children write to pipes of their own)
+        env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / 'tests' / 'faults.py')], cwd=ROOT, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     start_new_session=True)
+
+    def request(self, request, timeout):
+        self.proc.stdin.write(json.dumps(request) + '\n')
+        self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired('tests/faults.py', timeout)
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.log.seek(0)
+            raise AssertionError(f"tests/faults.py ended ({self.proc.returncode}):\n"
+                                 f"{self.log.read().decode(errors='replace')[-3000:]}")
+        return json.loads(line)
+
+    def stop(self):
+        """End it and the run it is in (its session: its process group)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self):
+        self.proc.stdin.close()  # it ends when its stdin does
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.stop()
+
+
+forker = None
+
+
+def run_forked(*runs, timeout=300, imports=()):
+    """Each run ({'argv': [script, *args], 'kill': [within, target, n] or None, ...}, see tests/faults.py) as a process
+    of its own, forked from one that imported torch and the repo once for the session (and the modules `imports`
+    names): [(exit code, output)], in order; -9 is SIGKILL."""
+    global forker
+    if forker is None:
+        forker = Forker()
+        atexit.register(forker.close)
+    environ = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    try:
+        results = forker.request({'runs': runs, 'imports': list(imports), 'environ': environ}, timeout)
+    except BaseException:  # a timeout, Ctrl-C, or the forker gone: the next call starts another
+        forker.stop()
+        forker = None
+        raise
+    return [(r['rc'], r['out']) for r in results]
 
 
 def write_tiny_cifar(folder):

@@ -64,7 +64,8 @@ def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp
         f.write('\n\n' + readme_rule_source())
     out_root = tmp_path / 'lab'
     out = run_script('studies/ablate.py', '--budget=tiny', '--systems=recall,vit', '--rules=uniform,krause',
-                     '--recipe=--krause_topk=0', f'--out_root={out_root}', cwd=repo, check=False)
+                     '--recipe=--krause_topk=0', f'--out_root={out_root}', cwd=repo, check=False,
+                     launcher=(sys.executable,))  # the copy's modules, not this repo's
     cells, table = metrics(out_root)
     assert 0.0 <= cells[('uniform', 'recall')]['1337']['val_acc'] <= 1.0, out
     rows = table['rows']
