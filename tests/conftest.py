@@ -46,10 +46,10 @@ class Forker:
     run, in the caller's environment of the moment (what its own imports read from the environment, they read when it
     started)."""
 
-    def __init__(self):
+    def __init__(self, root=ROOT):
         self.log = tempfile.TemporaryFile()  # its own messages (its children write to pipes of their own)
         env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / 'tests' / 'faults.py')], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, str(root / 'tests' / 'faults.py')], cwd=root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      start_new_session=True)
 
@@ -83,17 +83,25 @@ class Forker:
 forker = None
 
 
-def run_forked(*runs, timeout=300, imports=()):
+def run_forked(*runs, timeout=300, imports=(), root=ROOT):
     """Each run ({'argv': [script, *args], 'kill': [within, target, n] or None, ...}, see tests/faults.py) as a process
     of its own, forked from one that imported torch and the repo once for the session (and the modules `imports`
-    names): [(exit code, output)], in order; -9 is SIGKILL."""
+    names): [(exit code, output)], in order; -9 is SIGKILL. With another root (a copy of the repo, its tests/faults.py
+    included), from one that imported that copy's modules, for these runs alone."""
     global forker
+    environ = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    request = {'runs': runs, 'imports': list(imports), 'environ': environ}
+    if Path(root) != ROOT:
+        other = Forker(Path(root))
+        try:
+            return [(r['rc'], r['out']) for r in other.request(request, timeout)]
+        finally:
+            other.stop()
     if forker is None:
         forker = Forker()
         atexit.register(forker.close)
-    environ = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
     try:
-        results = forker.request({'runs': runs, 'imports': list(imports), 'environ': environ}, timeout)
+        results = forker.request(request, timeout)
     except BaseException:  # a timeout, Ctrl-C, or the forker gone: the next call starts another
         forker.stop()
         forker = None

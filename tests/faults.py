@@ -5,7 +5,8 @@ This process imports torch and the repo's modules once (and a request's imports)
 executes the script exactly as `python script args` would (its argv, sys.path, exit code, output; an uncaught exception
 prints its traceback; in the repo root unless "cwd" names another folder; in the request's environment), so a run
 that stops at a bad setting costs milliseconds instead of two seconds of imports and teardown, and one process serves
-a whole test session.
+a whole test session. A script the run launches the lab's way (subprocess.run of `python script args`, its output to
+a file) is forked the same way.
 
     request: {"runs": [{"argv": ["train.py", "--eval_iters=0"], "kill": null, "env": {}, "cwd": "/tmp"}, ...],
               "imports": ["lm_eval"], "environ": {the caller's os.environ}}
@@ -26,11 +27,13 @@ import json
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+real_run = subprocess.run
 
 
 def kill_at(within, target, n):
@@ -84,6 +87,24 @@ def run(argv, kill=None, fault=None):
     sys.setprofile(None)
 
 
+def forking_run(cmd, *args, **kwargs):
+    """subprocess.run for a script's own runs: `python script args` with its output to a file (the lab's runs) forked
+    from this process as a run of its own, the rest as subprocess.run does them."""
+    script = isinstance(cmd, (list, tuple)) and len(cmd) > 1 and cmd[0] == sys.executable and str(cmd[1]).endswith(
+        '.py')
+    to_a_file = hasattr(kwargs.get('stdout'), 'fileno') and kwargs.get('stderr') is subprocess.STDOUT
+    if not (script and to_a_file and not args and set(kwargs) <= {'cwd', 'env', 'stdout', 'stderr'}):
+        return real_run(cmd, *args, **kwargs)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child({'argv': [str(a) for a in cmd[1:]], 'cwd': str(kwargs.get('cwd') or os.getcwd())},
+              os.dup(kwargs['stdout'].fileno()), kwargs.get('env'))
+    _, status = os.waitpid(pid, 0)
+    return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status))
+
+
 def child(spec, out_fd, environ=None):
     """Run one script and end the process as the interpreter would end it (the exit code and message of a
     SystemExit, the traceback of any other exception, then the atexit functions the script registered), without the
@@ -95,6 +116,7 @@ def child(spec, out_fd, environ=None):
     os.environ.update(spec.get('env', {}))
     os.chdir(spec.get('cwd', ROOT))
     sys.path[0] = os.path.dirname(os.path.abspath(spec['argv'][0]))  # as `python script` sets it
+    subprocess.run = forking_run
     null = os.open(os.devnull, os.O_RDONLY)  # stdin: nothing (in server mode it is the requests' pipe)
     os.dup2(null, 0)
     os.close(null)
