@@ -20,6 +20,9 @@ sys.path.insert(0, str(ROOT))
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"offline data samples not found at {SHARED}")
 if (SHARED / 'tiktoken_cache').is_dir():
     os.environ.setdefault('TIKTOKEN_CACHE_DIR', str(SHARED / 'tiktoken_cache'))
+# one thread, as the scripts run here get (OMP_NUM_THREADS=1): the tests' tensors are tiny, and a second thread on a
+# busy core makes each op wait for it (a 30-token generation took 12 s on 2 threads of a shared machine, 0.07 s on 1)
+torch.set_num_threads(1)
 
 
 def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):
