@@ -125,6 +125,34 @@ def write_tiny_cifar(folder):
     return folder
 
 
+TEXT_RUN = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32',
+            '--batch_size=4', '--eval_iters=1', '--device=cpu', '--compile=False', '--warmup_iters=1', '--lr_decay_iters=4']
+PIXEL_RUN = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_head=2', '--n_embd=16',
+             '--batch_size=2', '--eval_iters=2', '--device=cpu', '--compile=False', '--warmup_iters=1',
+             '--lr_decay_iters=3', '--max_iters=1', '--eval_interval=1']
+
+
+@pytest.fixture(scope='session')
+def trained_runs(tmp_path_factory):
+    """Trained once for the session, in one batch of forked runs, for the tests of what scripts do with a checkpoint
+    (test_loading.py, test_doors.py): a character GPT (base, 4 iterations), a LoRA fine-tune of it (lora) and its
+    merged export (lora/merged.pt), a pixel GPT on 4x4 CIFAR-like images (pixels). The folder (its input.txt the
+    character model's text) and {name: (exit code, output)}."""
+    d = tmp_path_factory.mktemp('trained')
+    (d / 'input.txt').write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n"
+                                         for i in range(400)))
+    images = write_tiny_cifar(d / 'cifar10')
+    text = [*TEXT_RUN, f'--data_source={d / "input.txt"}', f'--data_dir={d / "chars"}']
+    names = ['base', 'lora', 'merge', 'pixels']
+    return d, dict(zip(names, run_forked(
+        {'argv': ['train.py', *text, f'--out_dir={d / "base"}', '--max_iters=4', '--eval_interval=2',
+                  '--learning_rate=1e-2']},
+        {'argv': ['train.py', *text, f'--out_dir={d / "lora"}', f'--init_from={d / "base" / "ckpt.pt"}',
+                  '--lora_rank=2', '--max_iters=4', '--eval_interval=4', '--learning_rate=3e-2']},
+        {'argv': ['studies/merge_lora.py', f'--ckpt={d / "lora" / "ckpt.pt"}', f'--out={d / "lora" / "merged.pt"}']},
+        {'argv': ['train.py', *PIXEL_RUN, f'--data_dir={images}', f'--out_dir={d / "pixels"}']})))
+
+
 def iter_losses(log):
     """{iteration: loss} from train.py's `iter {n}: loss {x}` lines."""
     return {int(n): float(x) for n, x in re.findall(r"^iter (\d+): loss ([\d.naninf]+)", log, re.M)}
