@@ -86,14 +86,14 @@ class Forker:
 forker = None
 
 
-def run_forked(*runs, timeout=300, imports=(), root=ROOT):
+def run_forked(*runs, timeout=300, root=ROOT):
     """Each run ({'argv': [script, *args], 'kill': [within, target, n] or None, ...}, see tests/faults.py) as a process
-    of its own, forked from one that imported torch and the repo once for the session (and the modules `imports`
-    names): [(exit code, output)], in order; -9 is SIGKILL. With another root (a copy of the repo, its tests/faults.py
+    of its own, forked from one that imported torch and the repo once for the session: [(exit code, output)], in
+    order; -9 is SIGKILL. With another root (a copy of the repo, its tests/faults.py
     included), from one that imported that copy's modules, for these runs alone."""
     global forker
     environ = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-    request = {'runs': runs, 'imports': list(imports), 'environ': environ}
+    request = {'runs': runs, 'environ': environ}
     if Path(root) != ROOT:
         other = Forker(Path(root))
         try:

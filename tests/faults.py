@@ -1,15 +1,15 @@
 """Run repo scripts as a user would, cheaply and with faults injected at chosen moments.
 
 Batch mode (conftest.run_forked): a request per line of stdin, its results as one line of stdout, until stdin closes.
-This process imports torch and the repo's modules once (and a request's imports), then forks a child per run that
-executes the script exactly as `python script args` would (its argv, sys.path, exit code, output; an uncaught exception
-prints its traceback; in the repo root unless "cwd" names another folder; in the request's environment), so a run
-that stops at a bad setting costs milliseconds instead of two seconds of imports and teardown, and one process serves
-a whole test session. A script the run launches the lab's way (subprocess.run of `python script args`, its output to
-a file) is forked the same way.
+This process imports torch and the repo's modules once, then forks a child per run that executes the script exactly
+as `python script args` would (its argv, sys.path, exit code, output; an uncaught exception prints its traceback; in
+the repo root unless "cwd" names another folder; in the request's environment), so a run that stops at a bad setting
+costs milliseconds instead of two seconds of imports and teardown, and one process serves a whole test session. A
+script the run launches the lab's way (subprocess.run of `python script args`, its output to a file) is forked the
+same way.
 
     request: {"runs": [{"argv": ["train.py", "--eval_iters=0"], "kill": null, "env": {}, "cwd": "/tmp"}, ...],
-              "imports": ["lm_eval"], "environ": {the caller's os.environ}}
+              "environ": {the caller's os.environ}}
     results: [{"rc": 1, "out": "...error: eval_iters=0 ...", "seconds": 0.01}, ...]    (rc -9: SIGKILLed)
 
 A kill [within, target, n] SIGKILLs the run the n-th time a function named `target` (Python or builtin) is called
@@ -22,7 +22,6 @@ Wrapper mode, for torchrun: `torchrun ... tests/faults.py --kill=within:target:n
 in this process and kills rank `rank` at that moment, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0).
 """
 import atexit
-import importlib
 import json
 import os
 import runpy
@@ -139,12 +138,10 @@ def child(spec, out_fd, environ=None):
     os._exit(code)
 
 
-def preload(names=()):
-    """Import what every run imports (and `names`) in this process, paid once for all the runs forked from it."""
+def preload():
+    """Import what every run imports in this process, paid once for all the runs forked from it."""
     import numpy, torch, torch.distributed, torch.nn.parallel, tqdm  # noqa: F401 E401
     import attention, model, prepare, prepare.recall, support.data, support.runtime, vit  # noqa: F401 E401
-    for name in names:
-        importlib.import_module(name)
 
 
 def run_all(runs, environ=None):
@@ -170,7 +167,6 @@ def serve():
     preload()
     for line in sys.stdin:
         request = json.loads(line)
-        preload(request['imports'])
         print(json.dumps(run_all(request['runs'], request.get('environ'))), flush=True)
 
 

@@ -1,7 +1,5 @@
-"""CIFAR preparation (prepare/cifar.py) and image augmentation (augment.py). Offline, a few seconds on a CPU."""
+"""CIFAR preparation (prepare/cifar.py) and image augmentation (support/data.py). Offline, a few seconds on a CPU."""
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +15,7 @@ sys.path.insert(0, str(ROOT))
 from support import data as A  # noqa: E402
 from prepare import cifar  # noqa: E402
 from vit import soft_cross_entropy  # noqa: E402
+from conftest import run_forked  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / 'shared' / 'data'
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f'offline data samples not found at {SHARED}')
@@ -66,9 +65,10 @@ def test_prepare_tiny_parquet_exact(tmp_path):
 
 def test_prepare_as_script(tmp_path):
     train_x, train_y, val_x, val_y = cifar10_source(tmp_path / 'src')
-    env = {**os.environ, 'HF_DATASETS_CACHE': str(tmp_path / 'hf_cache')}
-    subprocess.run([sys.executable, 'prepare/cifar.py', '--dataset=cifar10', f'--source={tmp_path / "src"}',
-                    f'--data_dir={tmp_path / "out"}'], cwd=ROOT, env=env, check=True, capture_output=True)
+    (rc, out), = run_forked({'argv': ['prepare/cifar.py', '--dataset=cifar10', f'--source={tmp_path / "src"}',
+                                      f'--data_dir={tmp_path / "out"}'],
+                             'env': {'HF_DATASETS_CACHE': str(tmp_path / 'hf_cache')}})
+    assert rc == 0, out[-2000:]
     check_written(tmp_path / 'out', {'train_x': train_x, 'train_y': train_y, 'val_x': val_x, 'val_y': val_y})
 
 def test_prepare_cifar100_fine_and_coarse(tmp_path):

@@ -3,7 +3,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import sys
 import types
 import urllib.error
@@ -26,6 +25,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import tiktoken  # noqa: E402
 
+from conftest import run_script  # noqa: E402
 from support import hellaswag  # noqa: E402
 import prepare  # noqa: E402
 from prepare import fineweb_edu, openwebtext, read_meta, text  # noqa: E402
@@ -177,9 +177,7 @@ def test_a_folder_prepared_for_less_reads_on_until_val_suffices(tmp_path):
 
 def test_openwebtext_txt_as_a_script(tmp_path):
     docs = [doc for doc in TXT.read_text().split("\n\n") if doc]  # documents are blank-line separated
-    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(DATA / "tiktoken_cache"))
-    subprocess.run([sys.executable, "prepare/openwebtext.py", f"--source={TXT}", f"--data_dir={tmp_path}"],
-                   cwd=ROOT, env=env, check=True, capture_output=True)
+    run_script("prepare/openwebtext.py", f"--source={TXT}", f"--data_dir={tmp_path}")  # GPT-2 BPE from DATA's cache
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["documents"] == {"train": len(docs) - 22, "val": 22} and len(docs) == 2121
     assert meta["tokens"]["train"] + meta["tokens"]["val"] == sum(len(d) for d in doc_tokens(docs))
