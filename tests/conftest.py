@@ -135,7 +135,7 @@ PIXEL_RUN = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_
 @pytest.fixture(scope='session')
 def trained_runs(tmp_path_factory):
     """Trained once for the session, in one batch of forked runs, for the tests of what scripts do with a checkpoint
-    (test_loading.py, test_doors.py): a character GPT (base, 4 iterations), a LoRA fine-tune of it (lora) and its
+    (test_loading.py, test_script_errors.py): a character GPT (base, 4 iterations), a LoRA fine-tune of it (lora) and its
     merged export (lora/merged.pt), a pixel GPT on 4x4 CIFAR-like images (pixels). The folder (its input.txt the
     character model's text) and {name: (exit code, output)}."""
     d = tmp_path_factory.mktemp('trained')

@@ -1,7 +1,7 @@
 """The lab's table (studies/ablate.py): every rule on every system with one command, at the tiny budget. A table is
 written with a number in every cell; running it again trains nothing and writes the same table; a table killed in
 the middle of a run goes on to the same numbers; a rule a reader registers is a row with no change to the lab; a run
-that fails holds its error line in its cell while the others go on. (Bad input: tests/test_doors.py.)"""
+that fails holds its error line in its cell while the others go on. (Bad input: tests/test_script_errors.py.)"""
 import json
 import os
 import shutil
