@@ -33,6 +33,7 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 real_run = subprocess.run
+results_fd = None  # where the server writes its results (serve)
 
 
 def kill_at(within, target, n):
@@ -108,6 +109,7 @@ def child(spec, out_fd, environ=None):
     """Run one script and end the process as the interpreter would end it (the exit code and message of a
     SystemExit, the traceback of any other exception, then the atexit functions the script registered), without the
     half second torch's teardown takes."""
+    global results_fd
     atexit._clear()  # this process's own, registered before the fork, are not the script's
     if environ is not None:
         os.environ.clear()
@@ -119,6 +121,9 @@ def child(spec, out_fd, environ=None):
     null = os.open(os.devnull, os.O_RDONLY)  # stdin: nothing (in server mode it is the requests' pipe)
     os.dup2(null, 0)
     os.close(null)
+    if results_fd is not None:
+        os.close(results_fd)  # the server's, not the script's (nor a run it forks)
+        results_fd = None
     os.dup2(out_fd, 1)  # a pipe, not a file: a run that limits its file sizes (RLIMIT_FSIZE) still has its output
     os.dup2(out_fd, 2)
     os.close(out_fd)
@@ -163,11 +168,17 @@ def run_all(runs, environ=None):
 
 
 def serve():
-    """A request per line of stdin, its results as one line of stdout, until stdin closes."""
+    """A request per line of stdin, its results as one line of stdout, until stdin closes. The results go out on a
+    descriptor of their own: anything else printed here (an import's message) goes to stderr."""
+    global results_fd
+    results_fd = os.dup(1)
+    os.dup2(2, 1)
     preload()
-    for line in sys.stdin:
-        request = json.loads(line)
-        print(json.dumps(run_all(request['runs'], request.get('environ'))), flush=True)
+    with os.fdopen(results_fd, 'w') as results:
+        for line in sys.stdin:
+            request = json.loads(line)
+            results.write(json.dumps(run_all(request['runs'], request.get('environ'))) + '\n')
+            results.flush()
 
 
 if __name__ == '__main__':
