@@ -1,5 +1,6 @@
 """Shared test helpers: the repo on sys.path, the offline data samples (skipped with a reason where absent),
-running train.py as a user would, and the cases of the tests that run every rule (each on what it declares)."""
+running the scripts as a user would (forked from one process per session that imported torch once), the runs that
+several test files read, and the cases of the tests that run every rule (each on what it declares)."""
 import atexit
 import json
 import os
@@ -29,8 +30,7 @@ def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):
     """Run a repo script as `python script args` runs it, on one CPU thread, from the repo root unless cwd says
     otherwise; return its combined output. A .py file is forked from a process that imported torch and this repo's
     modules once (run_forked): the same run without two seconds of imports. Anything else (`-c`, a launcher such as
-    torchrun, or (sys.executable,): an interpreter of its own, for a script of another copy of the repo) runs as a
-    subprocess."""
+    torchrun, or (sys.executable,) for an interpreter of its own) runs as a subprocess."""
     if launcher is None and str(args[0]).endswith('.py'):
         (code, out), = run_forked({'argv': [str(a) for a in args], 'cwd': str(cwd)}, timeout=timeout)
         stdout, stderr = out, ''
