@@ -89,17 +89,20 @@ forker = None
 def run_forked(*runs, timeout=300, root=ROOT):
     """Each run ({'argv': [script, *args], 'kill': [within, target, n] or None, ...}, see tests/faults.py) as a process
     of its own, forked from one that imported torch and the repo once for the session: [(exit code, output)], in
-    order; -9 is SIGKILL. With another root (a copy of the repo, its tests/faults.py
-    included), from one that imported that copy's modules, for these runs alone."""
+    order; -9 is SIGKILL. With another root (a copy of the repo, its tests/faults.py included), from one that imported
+    that copy's modules, for these runs alone."""
     global forker
     environ = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
     request = {'runs': runs, 'environ': environ}
     if Path(root) != ROOT:
         other = Forker(Path(root))
         try:
-            return [(r['rc'], r['out']) for r in other.request(request, timeout)]
-        finally:
+            results = other.request(request, timeout)
+        except BaseException:
             other.stop()
+            raise
+        other.close()
+        return [(r['rc'], r['out']) for r in results]
     if forker is None:
         forker = Forker()
         atexit.register(forker.close)
@@ -126,7 +129,8 @@ def write_tiny_cifar(folder):
 
 
 TEXT_RUN = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32',
-            '--batch_size=4', '--eval_iters=1', '--device=cpu', '--compile=False', '--warmup_iters=1', '--lr_decay_iters=4']
+            '--batch_size=4', '--eval_iters=1', '--device=cpu', '--compile=False', '--warmup_iters=1',
+            '--lr_decay_iters=4']
 PIXEL_RUN = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_head=2', '--n_embd=16',
              '--batch_size=2', '--eval_iters=2', '--device=cpu', '--compile=False', '--warmup_iters=1',
              '--lr_decay_iters=3', '--max_iters=1', '--eval_interval=1']
@@ -135,8 +139,8 @@ PIXEL_RUN = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_
 @pytest.fixture(scope='session')
 def trained_runs(tmp_path_factory):
     """Trained once for the session, in one batch of forked runs, for the tests of what scripts do with a checkpoint
-    (test_loading.py, test_script_errors.py): a character GPT (base, 4 iterations), a LoRA fine-tune of it (lora) and its
-    merged export (lora/merged.pt), a pixel GPT on 4x4 CIFAR-like images (pixels). The folder (its input.txt the
+    (test_loading.py, test_script_errors.py): a character GPT (base, 4 iterations), a LoRA fine-tune of it (lora) and
+    its merged export (lora/merged.pt), a pixel GPT on 4x4 CIFAR-like images (pixels). The folder (its input.txt the
     character model's text) and {name: (exit code, output)}."""
     d = tmp_path_factory.mktemp('trained')
     (d / 'input.txt').write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n"

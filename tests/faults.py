@@ -1,6 +1,6 @@
 """Run repo scripts as a user would, cheaply and with faults injected at chosen moments.
 
-Batch mode (conftest.run_forked): a request per line of stdin, its results as one line of stdout, until stdin closes.
+Server mode (conftest.run_forked): a request per line of stdin, its results as one line of stdout, until stdin closes.
 This process imports torch and the repo's modules once, then forks a child per run that executes the script exactly
 as `python script args` would (its argv, sys.path, exit code, output; an uncaught exception prints its traceback; in
 the repo root unless "cwd" names another folder; in the request's environment), so a run that stops at a bad setting

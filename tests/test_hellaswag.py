@@ -14,7 +14,8 @@ from conftest import SHARED
 
 HELLASWAG = SHARED / "hellaswag" / "hellaswag_val_1000.jsonl"
 if not HELLASWAG.exists() or not (SHARED / "tiktoken_cache").is_dir():
-    pytest.skip(f"offline HellaSwag sample or GPT-2's tokenizer cache not found under {SHARED}", allow_module_level=True)
+    pytest.skip(f"offline HellaSwag sample or GPT-2's tokenizer cache not found under {SHARED}",
+                allow_module_level=True)
 
 import tiktoken  # noqa: E402
 
