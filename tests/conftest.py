@@ -1,10 +1,15 @@
 """Shared test helpers: the repo on sys.path, the offline data samples (skipped with a reason where absent),
-running train.py as a user would, and the cases of the tests that run every rule (each on what it declares)."""
+running the scripts as a user would (forked from one process per session that imported torch once), the runs that
+several test files read, and the cases of the tests that run every rule (each on what it declares)."""
+import atexit
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,28 +21,98 @@ sys.path.insert(0, str(ROOT))
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"offline data samples not found at {SHARED}")
 if (SHARED / 'tiktoken_cache').is_dir():
     os.environ.setdefault('TIKTOKEN_CACHE_DIR', str(SHARED / 'tiktoken_cache'))
+# one thread, as the scripts run here get (OMP_NUM_THREADS=1): the tests' tensors are tiny, and a second thread on a
+# busy core makes each op wait for it (a 30-token generation took 12 s on 2 threads of a shared machine, 0.07 s on 1)
+torch.set_num_threads(1)
 
 
-def run_script(*args, launcher=(sys.executable,), check=True, timeout=600, cwd=ROOT):
-    """Run a repo script in a subprocess on one CPU thread (from the repo root unless cwd says otherwise);
-    return its combined output."""
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-    proc = subprocess.run([*launcher, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc.stdout + proc.stderr
+def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):
+    """Run a repo script as `python script args` runs it, on one CPU thread, from the repo root unless cwd says
+    otherwise; return its combined output. A .py file is forked from a process that imported torch and this repo's
+    modules once (run_forked): the same run without two seconds of imports. Anything else (`-c`, a launcher such as
+    torchrun, or (sys.executable,) for an interpreter of its own) runs as a subprocess."""
+    if launcher is None and str(args[0]).endswith('.py'):
+        (code, out), = run_forked({'argv': [str(a) for a in args], 'cwd': str(cwd)}, timeout=timeout)
+        stdout, stderr = out, ''
+    else:
+        env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+        proc = subprocess.run([*(launcher or (sys.executable,)), *map(str, args)], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    if check and code != 0:
+        raise AssertionError(f"{args} failed ({code}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return stdout + stderr
 
 
-def run_forked(*runs, timeout=300):
-    """Each run ({'argv': [script, *args], 'kill': [within, target, n] or None}, see tests/faults.py) as a process of
-    its own, forked from one that imported torch and the repo once: [(exit code, output)], in order; -9 is SIGKILL."""
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-    proc = subprocess.run([sys.executable, str(ROOT / 'tests' / 'faults.py')], input=json.dumps(runs), env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if proc.returncode != 0:
-        raise AssertionError(f"tests/faults.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return [(r['rc'], r['out']) for r in json.loads(proc.stdout)]
+class Forker:
+    """tests/faults.py, one process for the test session: it imports torch and the repo once and forks a child per
+    run, in the caller's environment of the moment (what its own imports read from the environment, they read when it
+    started)."""
+
+    def __init__(self, root=ROOT):
+        self.log = tempfile.TemporaryFile()  # its own messages (its children write to pipes of their own)
+        env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+        self.proc = subprocess.Popen([sys.executable, str(root / 'tests' / 'faults.py')], cwd=root, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     start_new_session=True)
+
+    def request(self, request, timeout):
+        self.proc.stdin.write(json.dumps(request) + '\n')
+        self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired('tests/faults.py', timeout)
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.log.seek(0)
+            raise AssertionError(f"tests/faults.py ended ({self.proc.returncode}):\n"
+                                 f"{self.log.read().decode(errors='replace')[-3000:]}")
+        return json.loads(line)
+
+    def stop(self):
+        """End it and the run it is in (its session: its process group)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self):
+        self.proc.stdin.close()  # it ends when its stdin does
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.stop()
+
+
+forker = None
+
+
+def run_forked(*runs, timeout=300, root=ROOT):
+    """Each run ({'argv': [script, *args], 'kill': [within, target, n] or None, ...}, see tests/faults.py) as a process
+    of its own, forked from one that imported torch and the repo once for the session: [(exit code, output)], in
+    order; -9 is SIGKILL. With another root (a copy of the repo, its tests/faults.py included), from one that imported
+    that copy's modules, for these runs alone."""
+    global forker
+    environ = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    request = {'runs': runs, 'environ': environ}
+    if Path(root) != ROOT:
+        other = Forker(Path(root))
+        try:
+            results = other.request(request, timeout)
+        except BaseException:
+            other.stop()
+            raise
+        other.close()
+        return [(r['rc'], r['out']) for r in results]
+    if forker is None:
+        forker = Forker()
+        atexit.register(forker.close)
+    try:
+        results = forker.request(request, timeout)
+    except BaseException:  # a timeout, Ctrl-C, or the forker gone: the next call starts another
+        forker.stop()
+        forker = None
+        raise
+    return [(r['rc'], r['out']) for r in results]
 
 
 def write_tiny_cifar(folder):
@@ -51,6 +126,35 @@ def write_tiny_cifar(folder):
     (folder / 'meta.json').write_text(json.dumps({'kind': 'image', 'dataset': 'cifar10', 'label': 'label',
                                                   'num_classes': 10, 'classes': [], 'counts': {'train': 6, 'val': 5}}))
     return folder
+
+
+TEXT_RUN = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32',
+            '--batch_size=4', '--eval_iters=1', '--device=cpu', '--compile=False', '--warmup_iters=1',
+            '--lr_decay_iters=4']
+PIXEL_RUN = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_head=2', '--n_embd=16',
+             '--batch_size=2', '--eval_iters=2', '--device=cpu', '--compile=False', '--warmup_iters=1',
+             '--lr_decay_iters=3', '--max_iters=1', '--eval_interval=1']
+
+
+@pytest.fixture(scope='session')
+def trained_runs(tmp_path_factory):
+    """Trained once for the session, in one batch of forked runs, for the tests of what scripts do with a checkpoint
+    (test_loading.py, test_script_errors.py): a character GPT (base, 4 iterations), a LoRA fine-tune of it (lora) and
+    its merged export (lora/merged.pt), a pixel GPT on 4x4 CIFAR-like images (pixels). The folder (its input.txt the
+    character model's text) and {name: (exit code, output)}."""
+    d = tmp_path_factory.mktemp('trained')
+    (d / 'input.txt').write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n"
+                                         for i in range(400)))
+    images = write_tiny_cifar(d / 'cifar10')
+    text = [*TEXT_RUN, f'--data_source={d / "input.txt"}', f'--data_dir={d / "chars"}']
+    names = ['base', 'lora', 'merge', 'pixels']
+    return d, dict(zip(names, run_forked(
+        {'argv': ['train.py', *text, f'--out_dir={d / "base"}', '--max_iters=4', '--eval_interval=2',
+                  '--learning_rate=1e-2']},
+        {'argv': ['train.py', *text, f'--out_dir={d / "lora"}', f'--init_from={d / "base" / "ckpt.pt"}',
+                  '--lora_rank=2', '--max_iters=4', '--eval_interval=4', '--learning_rate=3e-2']},
+        {'argv': ['studies/merge_lora.py', f'--ckpt={d / "lora" / "ckpt.pt"}', f'--out={d / "lora" / "merged.pt"}']},
+        {'argv': ['train.py', *PIXEL_RUN, f'--data_dir={images}', f'--out_dir={d / "pixels"}']})))
 
 
 def iter_losses(log):

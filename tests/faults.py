@@ -1,11 +1,15 @@
 """Run repo scripts as a user would, cheaply and with faults injected at chosen moments.
 
-Batch mode (conftest.run_forked): runs as JSON on stdin, results as JSON on stdout. This process imports torch and
-the repo's modules once, then forks a child per run that executes the script exactly as `python script args` would
-(its argv, exit code, output; an uncaught exception prints its traceback), so a run that stops at a bad setting costs
-milliseconds instead of two seconds of imports and teardown.
+Server mode (conftest.run_forked): a request per line of stdin, its results as one line of stdout, until stdin closes.
+This process imports torch and the repo's modules once, then forks a child per run that executes the script exactly
+as `python script args` would (its argv, sys.path, exit code, output; an uncaught exception prints its traceback; in
+the repo root unless "cwd" names another folder; in the request's environment), so a run that stops at a bad setting
+costs milliseconds instead of two seconds of imports and teardown, and one process serves a whole test session. A
+script the run launches the lab's way (subprocess.run of `python script args`, its output to a file) is forked the
+same way.
 
-    runs:    [{"argv": ["train.py", "--eval_iters=0"], "kill": null, "env": {}}, ...]
+    request: {"runs": [{"argv": ["train.py", "--eval_iters=0"], "kill": null, "env": {}, "cwd": "/tmp"}, ...],
+              "environ": {the caller's os.environ}}
     results: [{"rc": 1, "out": "...error: eval_iters=0 ...", "seconds": 0.01}, ...]    (rc -9: SIGKILLed)
 
 A kill [within, target, n] SIGKILLs the run the n-th time a function named `target` (Python or builtin) is called
@@ -22,11 +26,14 @@ import json
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+real_run = subprocess.run
+results_fd = None  # where the server writes its results (serve)
 
 
 def kill_at(within, target, n):
@@ -80,12 +87,43 @@ def run(argv, kill=None, fault=None):
     sys.setprofile(None)
 
 
-def child(spec, out_fd):
+def forking_run(cmd, *args, **kwargs):
+    """subprocess.run for a script's own runs: `python script args` with its output to a file (the lab's runs) forked
+    from this process as a run of its own, the rest as subprocess.run does them."""
+    script = isinstance(cmd, (list, tuple)) and len(cmd) > 1 and cmd[0] == sys.executable and str(cmd[1]).endswith(
+        '.py')
+    to_a_file = hasattr(kwargs.get('stdout'), 'fileno') and kwargs.get('stderr') is subprocess.STDOUT
+    if not (script and to_a_file and not args and set(kwargs) <= {'cwd', 'env', 'stdout', 'stderr'}):
+        return real_run(cmd, *args, **kwargs)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child({'argv': [str(a) for a in cmd[1:]], 'cwd': str(kwargs.get('cwd') or os.getcwd())},
+              os.dup(kwargs['stdout'].fileno()), kwargs.get('env'))
+    _, status = os.waitpid(pid, 0)
+    return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status))
+
+
+def child(spec, out_fd, environ=None):
     """Run one script and end the process as the interpreter would end it (the exit code and message of a
     SystemExit, the traceback of any other exception, then the atexit functions the script registered), without the
     half second torch's teardown takes."""
+    global results_fd
     atexit._clear()  # this process's own, registered before the fork, are not the script's
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.update(spec.get('env', {}))
+    os.chdir(spec.get('cwd', ROOT))
+    sys.path[0] = os.path.dirname(os.path.abspath(spec['argv'][0]))  # as `python script` sets it
+    subprocess.run = forking_run
+    null = os.open(os.devnull, os.O_RDONLY)  # stdin: nothing (in server mode it is the requests' pipe)
+    os.dup2(null, 0)
+    os.close(null)
+    if results_fd is not None:
+        os.close(results_fd)  # the server's, not the script's (nor a run it forks)
+        results_fd = None
     os.dup2(out_fd, 1)  # a pipe, not a file: a run that limits its file sizes (RLIMIT_FSIZE) still has its output
     os.dup2(out_fd, 2)
     os.close(out_fd)
@@ -105,23 +143,42 @@ def child(spec, out_fd):
     os._exit(code)
 
 
-def batch():
-    import numpy, torch, torch.distributed, torch.nn.parallel, tqdm  # noqa: F401 E401 what every run imports, paid once
+def preload():
+    """Import what every run imports in this process, paid once for all the runs forked from it."""
+    import numpy, torch, torch.distributed, torch.nn.parallel, tqdm  # noqa: F401 E401
     import attention, model, prepare, prepare.recall, support.data, support.runtime, vit  # noqa: F401 E401
-    runs, results = json.load(sys.stdin), []
+
+
+def run_all(runs, environ=None):
+    """Fork a child per run, one after the other, in `environ` where given: the results, in order."""
+    results = []
     for spec in runs:
         start = time.time()
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
-            child(spec, write_fd)  # never returns: the child ends as its script ends
+            child(spec, write_fd, environ)  # never returns: the child ends as its script ends
         os.close(write_fd)
         with os.fdopen(read_fd, 'rb') as f:  # until the child's end closes it
             out = f.read().decode(errors='replace')
         _, status = os.waitpid(pid, 0)
         results.append({'rc': os.waitstatus_to_exitcode(status), 'out': out, 'seconds': time.time() - start})
-    json.dump(results, sys.stdout)
+    return results
+
+
+def serve():
+    """A request per line of stdin, its results as one line of stdout, until stdin closes. The results go out on a
+    descriptor of their own: anything else printed here (an import's message) goes to stderr."""
+    global results_fd
+    results_fd = os.dup(1)
+    os.dup2(2, 1)
+    preload()
+    with os.fdopen(results_fd, 'w') as results:
+        for line in sys.stdin:
+            request = json.loads(line)
+            results.write(json.dumps(run_all(request['runs'], request.get('environ'))) + '\n')
+            results.flush()
 
 
 if __name__ == '__main__':
@@ -133,4 +190,4 @@ if __name__ == '__main__':
         chosen = first_attempt and os.environ.get('RANK', '0') == rank
         run(sys.argv[2:], (within, target, int(n)) if chosen else None)
     else:
-        batch()
+        serve()

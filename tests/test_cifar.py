@@ -1,8 +1,5 @@
-"""CIFAR preparation (prepare/cifar.py) and image augmentation (augment.py). Offline, a few seconds on a CPU."""
+"""CIFAR preparation (prepare/cifar.py) and image augmentation (support/data.py). Offline, a few seconds on a CPU."""
 import json
-import os
-import subprocess
-import sys
 
 import datasets
 import numpy as np
@@ -11,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from conftest import ROOT, SHARED, needs_shared
+from conftest import SHARED, needs_shared, run_forked
 from support import data as A
 from prepare import cifar
 from vit import soft_cross_entropy
@@ -62,9 +59,10 @@ def test_prepare_tiny_parquet_exact(tmp_path):
 
 def test_prepare_as_script(tmp_path):
     train_x, train_y, val_x, val_y = cifar10_source(tmp_path / 'src')
-    env = {**os.environ, 'HF_DATASETS_CACHE': str(tmp_path / 'hf_cache')}
-    subprocess.run([sys.executable, 'prepare/cifar.py', '--dataset=cifar10', f'--source={tmp_path / "src"}',
-                    f'--data_dir={tmp_path / "out"}'], cwd=ROOT, env=env, check=True, capture_output=True)
+    (rc, out), = run_forked({'argv': ['prepare/cifar.py', '--dataset=cifar10', f'--source={tmp_path / "src"}',
+                                      f'--data_dir={tmp_path / "out"}'],
+                             'env': {'HF_DATASETS_CACHE': str(tmp_path / 'hf_cache')}})
+    assert rc == 0, out[-2000:]
     check_written(tmp_path / 'out', {'train_x': train_x, 'train_y': train_y, 'val_x': val_x, 'val_y': val_y})
 
 def test_prepare_cifar100_fine_and_coarse(tmp_path):

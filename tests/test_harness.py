@@ -10,7 +10,7 @@ from importlib.util import find_spec
 import pytest
 import torch
 
-from conftest import ROOT, SHARED, needs_shared, run_script
+from conftest import ROOT, SHARED, needs_shared, run_forked, run_script
 
 sys.path.insert(0, str(ROOT / 'tests'))
 needs_harness = pytest.mark.skipif(find_spec('lm_eval') is None,
@@ -123,9 +123,8 @@ def test_every_rule_through_the_harness_batch_and_cache_invariant(kw):
 
 
 def test_missing_harness_and_missing_files_are_one_line(tmp_path):
-    blocked = ("import runpy, sys; sys.modules['lm_eval'] = None; sys.argv = ['studies/harness.py', '--out_dir={}']; "
-               "runpy.run_path('studies/harness.py', run_name='__main__')")
-    out = run_script('-c', blocked.format(tmp_path), check=False)
+    blocked = ['', '', 0, "import sys; sys.modules['lm_eval'] = None"]  # before the script starts: not installed
+    (_, out), = run_forked({'argv': ['studies/harness.py', f'--out_dir={tmp_path}'], 'fault': blocked})
     assert out.strip().splitlines()[-1] == ("error: harness.py needs EleutherAI's lm-evaluation-harness: pip install "
                                             "-r requirements-extras.txt (lm-eval==0.4.13)")
     out = run_script('studies/harness.py', f'--out_dir={tmp_path}', '--tasks=hellaswag_local', check=False)

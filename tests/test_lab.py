@@ -1,7 +1,7 @@
 """The lab's table (studies/ablate.py): every rule on every system with one command, at the tiny budget. A table is
 written with a number in every cell; running it again trains nothing and writes the same table; a table killed in
 the middle of a run goes on to the same numbers; a rule a reader registers is a row with no change to the lab; a run
-that fails holds its error line in its cell while the others go on. (Bad input: tests/test_doors.py.)"""
+that fails holds its error line in its cell while the others go on. (Bad input: tests/test_script_errors.py.)"""
 import json
 import os
 import shutil
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, readme_rule_source, run_script
+from conftest import ROOT, readme_rule_source, run_forked, run_script
 
 TINY = ['--budget=tiny', '--systems=recall,passkey', '--rules=softmax,krause']
 
@@ -40,8 +40,11 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert (whole / 'table.md').read_text() == text
 
-    # killed (the lab and its train.py, -9) while the second run trains, then the same command again
+    # killed (the lab and its train.py, -9) while the second run trains, then the same command again: the table
+    # as the first command left it, less the second run (the first and the last two are not trained again)
     killed = tmp_path / 'killed'
+    shutil.copytree(whole, killed, ignore=lambda folder, names: ['krause-s1337'] if folder == str(whole / 'recall')
+                    else [])
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
     proc = subprocess.Popen([sys.executable, 'studies/ablate.py', *TINY, f'--out_root={killed}'], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -57,14 +60,18 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
 
 
 def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp_path):
-    # a copy of the code with README's example rule registered at the end of attention.py, the lab's code unchanged
+    # a copy of the code with README's example rule registered at the end of attention.py, the lab's code unchanged;
+    # its runs forked from a process that imported the copy's modules (its tests/faults.py)
     repo = tmp_path / 'repo'
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns('.git', 'data', 'docs', 'out*', '__pycache__', 'tests'))
     with open(repo / 'attention.py', 'a') as f:
         f.write('\n\n' + readme_rule_source())
+    (repo / 'tests').mkdir()
+    shutil.copy(ROOT / 'tests' / 'faults.py', repo / 'tests')
     out_root = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--budget=tiny', '--systems=recall,vit', '--rules=uniform,krause',
-                     '--recipe=--krause_topk=0', f'--out_root={out_root}', cwd=repo, check=False)
+    (_, out), = run_forked({'argv': ['studies/ablate.py', '--budget=tiny', '--systems=recall,vit',
+                                     '--rules=uniform,krause', '--recipe=--krause_topk=0', f'--out_root={out_root}']},
+                           root=repo)
     cells, table = metrics(out_root)
     assert 0.0 <= cells[('uniform', 'recall')]['1337']['val_acc'] <= 1.0, out
     rows = table['rows']

@@ -13,38 +13,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, run_forked, write_tiny_cifar
+from conftest import ROOT, run_forked
 from model import GPT, GPTConfig
 from prepare import check_files, default_data_dir
 from support.loading import load_checkpoint, load_run
 from support.data import Batches
 
-TEXT = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4',
-        '--eval_iters=1', '--device=cpu', '--compile=False', '--warmup_iters=1', '--lr_decay_iters=4']
-PIXELS = ['--dataset=cifar10_pixels', '--block_size=47', '--n_layer=1', '--n_head=2', '--n_embd=16', '--batch_size=2',
-          '--eval_iters=2', '--device=cpu', '--compile=False', '--warmup_iters=1', '--lr_decay_iters=3',
-          '--max_iters=1', '--eval_interval=1']
-
-
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
-    """Trained once, in one batch of forked runs: a character GPT (base), a LoRA fine-tune of it (lora) and its merged
-    export (lora/merged.pt), a pixel GPT on 4x4 CIFAR-like images (pixels). {name: (exit code, output)} and the
-    folder."""
-    d = tmp_path_factory.mktemp('loading')
-    (d / 'input.txt').write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n"
-                                         for i in range(400)))
-    images = write_tiny_cifar(d / 'cifar10')
-    text = [*TEXT, f'--data_source={d / "input.txt"}', f'--data_dir={d / "chars"}']
-    names = ['base', 'lora', 'merge', 'pixels']
-    results = run_forked(
-        {'argv': ['train.py', *text, f'--out_dir={d / "base"}', '--max_iters=4', '--eval_interval=2',
-                  '--learning_rate=1e-2']},
-        {'argv': ['train.py', *text, f'--out_dir={d / "lora"}', f'--init_from={d / "base" / "ckpt.pt"}',
-                  '--lora_rank=2', '--max_iters=4', '--eval_interval=4', '--learning_rate=3e-2']},
-        {'argv': ['studies/merge_lora.py', f'--ckpt={d / "lora" / "ckpt.pt"}', f'--out={d / "lora" / "merged.pt"}']},
-        {'argv': ['train.py', *PIXELS, f'--data_dir={images}', f'--out_dir={d / "pixels"}']})
-    results = dict(zip(names, results))
+def runs(trained_runs):
+    """conftest's trained runs: a character GPT (base), a LoRA fine-tune of it (lora) and its merged export
+    (lora/merged.pt), a pixel GPT on 4x4 CIFAR-like images (pixels). The folder and {name: (exit code, output)}."""
+    d, results = trained_runs
     assert all(rc == 0 for rc, _ in results.values()), {k: out[-2000:] for k, (rc, out) in results.items() if rc}
     return d, results
 

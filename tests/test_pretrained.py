@@ -1,8 +1,8 @@
-"""Starting from a pretrained model (pretrained.py, lora.py, MixAttention): a GPT-2 in the Hugging Face Hub's file
-layout, written here, loads and computes GPT-2's function (a float64 forward written from GPT-2's formula, and
-transformers' GPT2LMHeadModel where it is installed); the shortcut beside the pretrained attention starts as the
-base model; LoRA trains only what it should and merges exactly; caches; train.py and sample.py end to end, offline;
-one error line for each bad base."""
+"""Starting from a pretrained model (support/pretrained.py, model.py's LoRA, attention.py's MixAttention): a GPT-2
+in the Hugging Face Hub's file layout, written here, loads and computes GPT-2's function (a float64 forward written
+from GPT-2's formula, and transformers' GPT2LMHeadModel where it is installed); the shortcut beside the pretrained
+attention starts as the base model; LoRA trains only what it should and merges exactly; caches; train.py and
+sample.py end to end, offline; one error line for each bad base."""
 import json
 import math
 import os
