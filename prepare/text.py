@@ -76,10 +76,17 @@ def tokenize(docs):
 def tokenized(texts, num_proc, chunk_docs):
     """Token arrays of `texts`, in order, from a pool of workers that reads only a few chunks ahead."""
     chunks = iter(lambda: list(itertools.islice(texts, chunk_docs)), [])
-    with Pool(num_proc) as pool:
+    pool, finished = Pool(num_proc), False
+    try:
         while batch := list(itertools.islice(chunks, 4 * num_proc)):  # bounded read-ahead: a budget never pulls it all
             for chunk in pool.imap(tokenize, batch):
                 yield from chunk
+        pool.close()  # every task done: the workers exit by themselves. Pool's `with` terminates them instead,
+        pool.join()   # which can hang for good in Pool._terminate_pool (its task thread stuck on the queue's lock)
+        finished = True
+    finally:
+        if not finished:  # stopped early (a budget, an error, Ctrl-C): no task is worth waiting for
+            pool.terminate()
 
 
 def write_json(path, obj):
