@@ -10,5 +10,5 @@ which rules exist. attention.py imports it at its top; read attention.py first.
              bool, the band's tiles; each built once per shape; running flex_attention
   caches.py  generation: the keys and values one layer keeps between tokens (all of them, or a ring)
 
-Nothing here imports a repo module.
+Nothing here imports a module of the repo outside machinery/ (tests/test_layout.py checks it).
 """
