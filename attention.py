@@ -1,8 +1,9 @@
 """
 Every attention rule, side by side: each an nn.Module built as `build_attention(config, layer_idx)` and called as
 `y = attn(x)`, x (B, T, C). Read it top to bottom: the masks (which keys a query sees); the frame (`Attention`:
-project, attend, out); softmax, whose `attend` is the formula as tensor ops; then each rule, its keys, its formula
-and paper, its checks and `attend` first, its flex path and cache after; the table `ATTENTION`; a softmax branch
+project, attend, out); softmax, whose `attend` is the formula as tensor ops; then each seed rule, its keys, its
+formula and paper, its checks and `attend` first, its flex path and cache after; then, the same way, the baselines
+the seed papers compare theirs with; the table `ATTENTION`; a softmax branch
 beside any rule (`mix`); last the keys every layer reads. What makes the rules fast and lets them generate (the
 band, query tiles, BlockMasks, KV caches, RoPE) is in machinery/, imported here and never needed to read a formula.
 Exact formulas, derivations, the papers' settings and their code's defects: docs/rules.md.
@@ -74,6 +75,7 @@ class Attention(nn.Module):
     every rule on what it declares and skip the rest, saying why.
     """
     # what the rule has, declared
+    has_causal_form = True          # a causal=True form (the GPT); without it, building one is a ValueError
     has_bidirectional_form = False  # a causal=False form (the ViT); without it, building one is a ValueError
     has_cache = False               # new_cache / fill / decode: GPT.generate(use_cache=True)
     has_flex = False                # attend_flex: the same function through flex_attention (flex=True on CUDA)
@@ -90,6 +92,9 @@ class Attention(nn.Module):
         if config.n_head < 1 or config.n_embd % config.n_head:
             raise ValueError(f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head}; pass e.g. "
                              f"--n_embd={max(1, config.n_head) * max(1, config.n_embd // max(1, config.n_head))}")
+        if config.causal and not self.has_causal_form:
+            raise ValueError(f"attention='{config.attention}' ({type(self).__name__}) has no causal form (causal=True, "
+                             f"a GPT); use it in a ViT")
         if not config.causal and not self.has_bidirectional_form:
             raise ValueError(f"attention='{config.attention}' ({type(self).__name__}) has no bidirectional form "
                              f"(causal=False, a ViT); use it in a GPT")
@@ -772,6 +777,42 @@ def cluster_usage(S):
 
 
 # -----------------------------------------------------------------------------
+# the baselines: the rules the seed papers compare theirs with, each exact to its paper (docs/rules.md#baselines)
+
+# [topk]
+
+
+# [longformer]
+
+
+# [routing]
+
+
+# [linear]
+
+
+# [gated]
+
+
+# [entmax]
+
+
+# [rela]
+
+
+# [diff]
+
+
+# [ssmax]
+
+
+# [dex]
+
+
+# [lsa]
+
+
+# -----------------------------------------------------------------------------
 # the table of rules: `attention=<name>` in a config picks the class
 
 ATTENTION = {
@@ -780,6 +821,7 @@ ATTENTION = {
     'attentionx': AttentionX,
     'tda': ThresholdDifferentialAttention,
     'cluster': ClusterAttention,
+    # the baselines
 }
 
 

@@ -125,7 +125,9 @@ def rows():
         if name not in table:
             vit = (f'--attention={name}' if cls.has_bidirectional_form else
                    f'n/a: {cls.__name__} does not declare has_bidirectional_form')
-            table[name] = {'causal': f'--attention={name}', 'vit': vit}
+            causal = (f'--attention={name}' if cls.has_causal_form else
+                      f'n/a: {cls.__name__} does not declare has_causal_form')
+            table[name] = {'causal': causal, 'vit': vit}
     return table
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, fields
 
 import torch
 
-from attention import ClusterConfig, KrauseConfig, AttentionXConfig, TDAConfig
+from attention import AttentionConfig, FrameConfig, SoftmaxConfig
 from model import GPT, target_names
 from support.loading import load_run
 
@@ -33,8 +33,8 @@ GELU = {'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh', 'gelu': 'none'}  # GPT-
 FINE_TUNE_KEYS = ('dropout', 'flex', 'lora_rank', 'lora_alpha', 'lora_dropout', 'lora_targets', 'rope_scaling',
                   'rope_factor')
 # and, where it adds a rule beside a softmax base (mix=True), that rule and its keys
-SHORTCUT_KEYS = ('attention', 'mix') + tuple(f.name for cls in (KrauseConfig, AttentionXConfig, TDAConfig,
-                                                                ClusterConfig) for f in fields(cls))
+SHORTCUT_KEYS = ('attention', 'mix') + tuple(  # every rule's own keys (softmax's window is the base's shape)
+    f.name for f in fields(AttentionConfig) if f.name not in {g.name for g in fields(FrameConfig) + fields(SoftmaxConfig)})
 
 
 def hub_layout_help(folder='DIR'):

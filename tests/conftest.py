@@ -196,13 +196,15 @@ if os.environ.get('REGISTER_README_RULE') == '1':
 def rule_cases(cases, capability=None):
     """pytest params for a test that runs every rule: each case (config keys naming its `attention` rule) runs
     where its rule declares `capability` (an Attention class attribute: has_cache, has_flex,
-    has_bidirectional_form) and is skipped, saying why, where it does not."""
+    has_bidirectional_form), and a causal case where it declares has_causal_form, and is skipped, saying why,
+    where it does not."""
     from attention import ATTENTION, rule_class
     params = []
     for kw in cases:
         mix = kw.get('mix', False)
         rules = [rule_class(kw['attention'], mix)] + ([ATTENTION[kw['attention']]] if mix else [])  # a mix: both
-        lacking = [rule for rule in rules if capability is not None and not getattr(rule, capability)]
-        marks = pytest.mark.skip(reason=f"{lacking[0].__name__} does not declare {capability}") if lacking else ()
+        needs = ([capability] if capability else []) + (['has_causal_form'] if kw.get('causal', True) else [])
+        lacking = [(rule, need) for rule in rules for need in needs if not getattr(rule, need)]
+        marks = pytest.mark.skip(reason=f"{lacking[0][0].__name__} does not declare {lacking[0][1]}") if lacking else ()
         params.append(pytest.param(kw, marks=marks, id='-'.join(f'{k}={v}' for k, v in kw.items())))
     return params
