@@ -7,6 +7,7 @@ attention rule (`attend`, the part that differs between rules, on q/k/v of shape
 $ python bench.py --attention=softmax --window=256 --seq_lens=2048,8192
 $ python bench.py --attention=krause --krause_window=256 --krause_topk=192 --seq_lens=8192 \
       --dense=True --json=True
+$ python bench.py --attention=topk,linear,longformer --seq_lens=1024,8192   # several, each beside softmax
 
 Every attention config key (attention.AttentionConfig) is a flag. --flex=True times the
 flex_attention path (forward only on CPU, where flex has no backward); --dense=True also times a
@@ -93,7 +94,12 @@ def check_bench_settings(c):
         raise ValueError(f"subpixels={c['subpixels']} must be at least 2 (a first subpixel, then "
                          f"those drawn); pass e.g. --subpixels=3072 (CIFAR-10) or 784 (MNIST)")
     block = c['subpixels'] - 1 if c['mode'] == 'pixels' else max(lengths)
-    check_attention_layers(GPTConfig(**dataclass_values(GPTConfig, c, block_size=block)))
+    names = c['attention'].split(',')
+    if len(names) > 1 and c['mode'] != 'attention':
+        raise ValueError(f"attention='{c['attention']}': several rules at once is the attention mode's; pass "
+                         f"--mode=attention, or one rule")
+    for name in names:
+        check_attention_layers(GPTConfig(**dataclass_values(GPTConfig, c, block_size=block, attention=name)))
 
 
 check_or_exit(check_bench_settings, script_settings(globals()))
@@ -209,6 +215,8 @@ def report(row):
 
 
 def bench_attention():
+    """Per length, causal softmax SDPA once, then each rule of `attention` (a comma list: each alone beside
+    softmax, all in one run) on the path forward takes."""
     cases = []
     for T in [int(s) for s in str(seq_lens).split(',')]:
         softmax = attention_config(attention='softmax', window=0, mix=False, flex=False,
@@ -216,15 +224,17 @@ def bench_attention():
         baseline = build_attention(softmax, 0).to(device, ptdtype)
         cases.append((dict(attention='softmax', path='sdpa', T=T, device=device),
                       attention_case(baseline, baseline.path(), T)))  # path(): SDPA, as forward
-        module = build_attention(attention_config(block_size=T), 0).to(device, ptdtype)
-        # path(): what forward runs
-        paths = [('flex' if flex else 'math', module.attend_flex if flex else module.path())]
-        if dense and hasattr(module, 'attend_dense'):
-            paths.append(('dense', module.attend_dense))
-        for path, attend in paths:
-            row = dict(attention=attention, path=path, T=T, device=device,
-                       backward=backward and (path != 'flex' or is_cuda))
-            cases.append((row, attention_case(module, attend, T)))
+        for name in attention.split(','):
+            module = build_attention(attention_config(attention=name, block_size=T), 0).to(device, ptdtype)
+            # path(): what forward runs
+            paths = [('flex' if flex else 'sdpa' if module.fused else 'math',
+                      module.attend_flex if flex else module.path())]
+            if dense and hasattr(module, 'attend_dense'):
+                paths.append(('dense', module.attend_dense))
+            for path, attend in paths:
+                row = dict(attention=name, path=path, T=T, device=device,
+                           backward=backward and (path != 'flex' or is_cuda))
+                cases.append((row, attention_case(module, attend, T)))
     rows = measure(cases)
     base_ms = {row['T']: row['ms'] for row in rows if row['path'] == 'sdpa'}
     for row in rows:
