@@ -779,7 +779,83 @@ def cluster_usage(S):
 # -----------------------------------------------------------------------------
 # the baselines: the rules the seed papers compare theirs with, each exact to its paper (docs/rules.md#baselines)
 
-# [topk]
+# -----------------------------------------------------------------------------
+# top-k
+
+@dataclass
+class TopkConfig:
+    topk_k: int = 32             # top-k: keys kept per row (a row with fewer visible keys keeps them all)
+    topk_chunk_weights: int = 2**18  # top-k math path: scores per head one query tile may hold (that // T queries)
+
+
+class TopkAttention(SoftmaxAttention):
+    """
+    s_ij = q_i·k_j / √D for j in Vis(i);  y_i = Σ_j softmax_j(s_ij over the k largest s_i·) v_j, the others weigh 0
+    ("Memory-efficient Transformers via Top-k Attention", Gupta et al. 2021, arXiv 2106.06899; docs/rules.md#top-k)
+
+    Softmax over the k largest scores of each row only, k_eff = min(k, |Vis(i)|): a causal row with k or fewer
+    visible keys keeps them all. Vis(i) is softmax's: causal (the GPT), every key (the ViT), or `window`. Nothing is
+    learned beyond the projections, and the selection carries no gradient. The cut is a per-row boundary halfway
+    between the k-th and the (k+1)-th score (topk_boundary): a tie at the k-th score keeps every tied key (the
+    official code's sort keeps exactly k), and flex, which rounds its own way, keeps the same keys. Math path: the
+    paper's query chunking, tiles of topk_chunk_weights // T queries against the keys they see, each recomputed in
+    backward, so memory is linear in T. Flex: a no-grad pre-pass finds each row's boundary and the score_mod keeps
+    the scores at or above it (as Krause's). Cache: softmax's (every key and value), the top k taken among them.
+    """
+    has_bidirectional_form, has_cache, has_flex, fused = True, True, True, False  # no SDPA: the cut needs the scores
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        if not config.topk_k >= 1:
+            raise ValueError(f"topk_k must be >= 1 (keys kept per row), got {config.topk_k}")
+        if not config.topk_chunk_weights >= 1:
+            raise ValueError(f"topk_chunk_weights must be >= 1, got {config.topk_chunk_weights}")
+        self.topk, self.chunk_weights = config.topk_k, config.topk_chunk_weights
+
+    def attend(self, q, k, v):
+        tile_output = lambda start, end, n_keys: self.topk_softmax(self.tile_scores(q, k, start, end, n_keys)) @ \
+            v[:, :, :n_keys]                                                             # (B, H, C, D)
+        return torch.cat([recompute_in_backward(tile_output, *tile) for tile in self.tiles(q.size(2))], 2)
+
+    def tiles(self, T):  # (start, end, n_keys) per query tile: as many queries as chunk_weights // T allows
+        return query_tiles(T, max(1, self.chunk_weights // T), self.causal)
+
+    def tile_scores(self, q, k, start, end, n_keys):
+        """s_ij = q_i·k_j/√D, queries start..end-1 against keys 0..n_keys-1 (B, H, C, L); -inf where j is hidden."""
+        scores = q[:, :, start:end] @ k[:, :, :n_keys].transpose(-1, -2) / math.sqrt(q.size(-1))
+        if self.mask_mod is None:
+            return scores
+        query, key = torch.arange(start, end, device=q.device), torch.arange(n_keys, device=q.device)
+        return scores.masked_fill(~self.mask_mod(None, None, query[:, None], key), float('-inf'))
+
+    def topk_softmax(self, scores):
+        """Softmax over each row's k largest scores (at or above its boundary), the rest -inf: weight 0; dropout."""
+        scores = scores.masked_fill(scores < topk_boundary(scores, self.topk), float('-inf'))
+        return F.dropout(scores.softmax(-1), self.dropout, self.training)
+
+    def attend_flex(self, q, k, v, masks=None):
+        # softmax's flex call, the top k kept by each row's boundary from a no-grad pre-pass (nothing captured needs
+        # a gradient); no dropout on the weights
+        boundary = self.boundaries(q, k)                                                 # (B, H, T)
+
+        def topk_score(score, b, h, q_idx, kv_idx):
+            return torch.where(score >= boundary[b, h, q_idx], score, float('-inf'))
+
+        return run_flex(q, k, v, score_mod=topk_score,
+                        block_mask=self.flex_masks(q.size(2), q.device) if masks is None else masks)
+
+    @torch.no_grad()
+    def boundaries(self, q, k):
+        """Each row's top-k boundary (B, H, T), tile by tile, in float32 at least: flex scores in float32, and a
+        boundary rounded to bf16 could land on a kept score."""
+        q, k = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k))
+        return torch.cat([topk_boundary(self.tile_scores(q, k, *tile), self.topk)[..., 0]
+                          for tile in self.tiles(q.size(2))], -1)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): the top k of the keys the cache holds, every one visible
+        cache.append(k, v)
+        keys, values = cache.tensors()
+        return self.topk_softmax(q @ keys.transpose(-1, -2) / math.sqrt(q.size(-1))) @ values
 
 
 # [longformer]
@@ -822,6 +898,7 @@ ATTENTION = {
     'tda': ThresholdDifferentialAttention,
     'cluster': ClusterAttention,
     # the baselines
+    'topk': TopkAttention,
 }
 
 
@@ -950,6 +1027,7 @@ class FrameConfig:
 
 
 @dataclass
-class AttentionConfig(ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, SoftmaxConfig, FrameConfig):
+class AttentionConfig(TopkConfig, ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, SoftmaxConfig,
+                      FrameConfig):
     """Every key an attention layer reads: the frame's, then each rule's (dataclass fields come base class last
     first, so FrameConfig's lead). GPTConfig and ViTConfig extend it; every field is a config key of train.py."""
