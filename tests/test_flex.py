@@ -32,6 +32,8 @@ RULES = {  # name: config keys of one layer
     'topk': dict(attention='topk', topk_k=16),
     'topk vit': dict(attention='topk', causal=False, topk_k=8, block_size=65),
     'topk window': dict(attention='topk', topk_k=5, window=40),
+    'ssmax': dict(attention='ssmax'),
+    'ssmax vit': dict(attention='ssmax', causal=False, block_size=65),
 }
 T = 150  # not a multiple of flex's 128-token block
 

@@ -36,6 +36,9 @@ CASES = [
     (dict(attention='topk', topk_k=32), 1000),
     (dict(attention='topk', topk_k=8, causal=False), 65),
     (dict(attention='topk', topk_k=16, window=64), 1000),
+    (dict(attention='ssmax'), 1000),
+    (dict(attention='ssmax', causal=False), 300),
+    (dict(attention='ssmax', window=64), 1000),
 ]
 
 
