@@ -779,7 +779,83 @@ def cluster_usage(S):
 # -----------------------------------------------------------------------------
 # the baselines: the rules the seed papers compare theirs with, each exact to its paper (docs/rules.md#baselines)
 
-# [topk]
+# -----------------------------------------------------------------------------
+# top-k
+
+@dataclass
+class TopkConfig:
+    topk_k: int = 32             # top-k: keys kept per row (a row with fewer visible keys keeps them all)
+    topk_chunk_weights: int = 2**18  # top-k math path: scores per head one query tile may hold (that // T queries)
+
+
+class TopkAttention(SoftmaxAttention):
+    """
+    s_ij = q_i·k_j / √D for j in Vis(i);  y_i = Σ_j softmax_j(s_ij over the k largest s_i·) v_j, the others weigh 0
+    ("Memory-efficient Transformers via Top-k Attention", Gupta et al. 2021, arXiv 2106.06899; docs/rules.md#top-k)
+
+    Softmax over the k largest scores of each row only, k_eff = min(k, |Vis(i)|): a causal row with k or fewer
+    visible keys keeps them all. Vis(i) is softmax's: causal (the GPT), every key (the ViT), or `window`. Nothing is
+    learned beyond the projections, and the selection carries no gradient. The cut is a per-row boundary halfway
+    between the k-th and the (k+1)-th score (topk_boundary): a tie at the k-th score keeps every tied key (the
+    official code's sort keeps exactly k), and flex, which rounds its own way, keeps the same keys. Math path: the
+    paper's query chunking, tiles of topk_chunk_weights // T queries against the keys they see, each recomputed in
+    backward, so memory is linear in T. Flex: a no-grad pre-pass finds each row's boundary and the score_mod keeps
+    the scores at or above it (as Krause's). Cache: softmax's (every key and value), the top k taken among them.
+    """
+    has_bidirectional_form, has_cache, has_flex, fused = True, True, True, False  # no SDPA: the cut needs the scores
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        if not config.topk_k >= 1:
+            raise ValueError(f"topk_k must be >= 1 (keys kept per row), got {config.topk_k}")
+        if not config.topk_chunk_weights >= 1:
+            raise ValueError(f"topk_chunk_weights must be >= 1, got {config.topk_chunk_weights}")
+        self.topk, self.chunk_weights = config.topk_k, config.topk_chunk_weights
+
+    def attend(self, q, k, v):
+        tile_output = lambda start, end, n_keys: self.topk_softmax(self.tile_scores(q, k, start, end, n_keys)) @ \
+            v[:, :, :n_keys]                                                             # (B, H, C, D)
+        return torch.cat([recompute_in_backward(tile_output, *tile) for tile in self.tiles(q.size(2))], 2)
+
+    def tiles(self, T):  # (start, end, n_keys) per query tile: as many queries as chunk_weights // T allows
+        return query_tiles(T, max(1, self.chunk_weights // T), self.causal)
+
+    def tile_scores(self, q, k, start, end, n_keys):
+        """s_ij = q_i·k_j/√D, queries start..end-1 against keys 0..n_keys-1 (B, H, C, L); -inf where j is hidden."""
+        scores = q[:, :, start:end] @ k[:, :, :n_keys].transpose(-1, -2) / math.sqrt(q.size(-1))
+        if self.mask_mod is None:
+            return scores
+        query, key = torch.arange(start, end, device=q.device), torch.arange(n_keys, device=q.device)
+        return scores.masked_fill(~self.mask_mod(None, None, query[:, None], key), float('-inf'))
+
+    def topk_softmax(self, scores):
+        """Softmax over each row's k largest scores (at or above its boundary), the rest -inf: weight 0; dropout."""
+        scores = scores.masked_fill(scores < topk_boundary(scores, self.topk), float('-inf'))
+        return F.dropout(scores.softmax(-1), self.dropout, self.training)
+
+    def attend_flex(self, q, k, v, masks=None):
+        # softmax's flex call, the top k kept by each row's boundary from a no-grad pre-pass (nothing captured needs
+        # a gradient); no dropout on the weights
+        boundary = self.boundaries(q, k)                                                 # (B, H, T)
+
+        def topk_score(score, b, h, q_idx, kv_idx):
+            return torch.where(score >= boundary[b, h, q_idx], score, float('-inf'))
+
+        return run_flex(q, k, v, score_mod=topk_score,
+                        block_mask=self.flex_masks(q.size(2), q.device) if masks is None else masks)
+
+    @torch.no_grad()
+    def boundaries(self, q, k):
+        """Each row's top-k boundary (B, H, T), tile by tile, in float32 at least: flex scores in float32, and a
+        boundary rounded to bf16 could land on a kept score."""
+        q, k = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k))
+        return torch.cat([topk_boundary(self.tile_scores(q, k, *tile), self.topk)[..., 0]
+                          for tile in self.tiles(q.size(2))], -1)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): the top k of the keys the cache holds, every one visible
+        cache.append(k, v)
+        keys, values = cache.tensors()
+        return self.topk_softmax(q @ keys.transpose(-1, -2) / math.sqrt(q.size(-1))) @ values
 
 
 # [longformer]
@@ -911,7 +987,57 @@ class LinearCache:
 # [diff]
 
 
-# [ssmax]
+# -----------------------------------------------------------------------------
+# SSMax
+
+@dataclass
+class SSMaxConfig:
+    ssmax_s: float = 0.43        # SSMax: initial s (learned per head); the logits are multiplied by s·log n
+
+
+class SSMaxAttention(SoftmaxAttention):
+    """
+    y_i = Σ_j softmax_j((s_h · log n_i) · q_i·k_j / √D + mask_ij) v_j     n_i = |Vis(i)|: i + 1 causal, T in a ViT
+    ("Scalable-Softmax Is Superior for Attention", Nakanishi 2025, arXiv 2501.19399; docs/rules.md#ssmax)
+
+    Scalable-Softmax: softmax's largest weight fades towards 0 as a row sees more keys; multiplying the logits by
+    s·log n, n the keys the row sees, keeps it from fading. s is learned per head (`scale`, 1-D so AdamW does not
+    decay it), from ssmax_s. Row 0 of a GPT (n = 1) has log 1 = 0: all its logits are 0, over the one key it sees.
+    With `window` W, n_i = min(i + 1, W). `attend` is the formula as tensor ops; the other paths are softmax's on
+    queries scaled per row by s_h·log n_i: SDPA (attend_fused, flash on a GPU), flex (q scaled, nothing captured
+    by a score_mod: a learned scalar captured there has had gradient bugs), and the cache (softmax's), where a new
+    token's n is its absolute position + 1.
+    """
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        if not (math.isfinite(config.ssmax_s) and config.ssmax_s > 0):
+            raise ValueError(f"ssmax_s must be a finite number > 0 (the initial s of s·log n), got {config.ssmax_s}")
+        self.scale = nn.Parameter(torch.full((self.n_head,), float(config.ssmax_s)))  # s per head; 1-D: not decayed
+
+    def row_scale(self, T, dtype, start=0):
+        """(1, H, T, 1): s_h·log n_i for the T queries at positions start..start+T-1 (the ViT: n = T for all)."""
+        device = self.scale.device
+        n = torch.arange(start + 1, start + T + 1, device=device) if self.causal else torch.full((T,), T, device=device)
+        if self.window:
+            n = n.clamp_max(self.window)
+        return (self.scale.view(-1, 1) * n.to(self.scale.dtype).log()).to(dtype)[None, :, :, None]
+
+    def attend(self, q, k, v):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) * self.row_scale(q.size(2), q.dtype)  # (B, H, T, T)
+        if self.mask_mod is not None:
+            scores = scores.masked_fill(~dense_mask(self.mask_mod, q.size(2), q.device), float('-inf'))
+        weights = F.dropout(scores.softmax(-1), self.dropout, self.training)
+        return weights @ v                                                                  # (B, H, T, D)
+
+    def attend_fused(self, q, k, v):
+        return super().attend_fused(q * self.row_scale(q.size(2), q.dtype), k, v)
+
+    def attend_flex(self, q, k, v, masks=None):
+        return super().attend_flex(q * self.row_scale(q.size(2), q.dtype), k, v, masks)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): n from the new token's absolute position, cache.pos
+        return super().decode(q * self.row_scale(1, q.dtype, start=cache.pos), k, v, cache)
 
 
 # [dex]
@@ -930,7 +1056,9 @@ ATTENTION = {
     'tda': ThresholdDifferentialAttention,
     'cluster': ClusterAttention,
     # the baselines
+    'topk': TopkAttention,
     'linear': LinearAttention,
+    'ssmax': SSMaxAttention,
 }
 
 
@@ -1059,6 +1187,7 @@ class FrameConfig:
 
 
 @dataclass
-class AttentionConfig(LinearConfig, ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, SoftmaxConfig, FrameConfig):
+class AttentionConfig(SSMaxConfig, LinearConfig, TopkConfig, ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig,
+                      SoftmaxConfig, FrameConfig):
     """Every key an attention layer reads: the frame's, then each rule's (dataclass fields come base class last
     first, so FrameConfig's lead). GPTConfig and ViTConfig extend it; every field is a config key of train.py."""

@@ -8,7 +8,7 @@ import torch
 
 from conftest import iter_losses, run_script
 
-from attention import AttentionConfig, KrauseAttention, MixAttention, build_attention, dense_mask
+from attention import AttentionConfig, KrauseAttention, MixAttention, TopkAttention, build_attention, dense_mask
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex backward)")
 
@@ -33,6 +33,12 @@ CASES = [
     (dict(attention='tda', tda_beta=0.5, tda_lambda=0.3), 1000),  # more survivors per row
     (dict(attention='tda', causal=False), 65),               # the ViT's constant threshold
     (dict(attention='tda', tda_differential=False), 300),
+    (dict(attention='topk', topk_k=32), 1000),
+    (dict(attention='topk', topk_k=8, causal=False), 65),
+    (dict(attention='topk', topk_k=16, window=64), 1000),
+    (dict(attention='ssmax'), 1000),
+    (dict(attention='ssmax', causal=False), 300),
+    (dict(attention='ssmax', window=64), 1000),
 ]
 
 
@@ -50,16 +56,19 @@ def run(attn, attend, tensors, grad_y):
 
 
 def ambiguous_topk_rows(attn, tensors):
-    """(B, H, T) bool: Krause rows whose k-th and (k+1)-th scores (float64) lie within float32 rounding of each
-    other. There the top k is ambiguous in float32, and flex (its own summation order) may keep the other key: one
-    key of k swapped moves that row's output by about 1/k (seen on an H100: W=256 k=192, and the mix form)."""
+    """(B, H, T) bool: Krause or top-k rows whose k-th and (k+1)-th scores (float64) lie within float32 rounding of
+    each other. There the top k is ambiguous in float32, and flex (its own summation order) may keep the other key:
+    one key of k swapped moves that row's output by about 1/k (seen on an H100: W=256 k=192, and the mix form)."""
     if isinstance(attn, MixAttention):
         return ambiguous_topk_rows(attn.rule, tensors[3:])
-    if not isinstance(attn, KrauseAttention):
+    if not isinstance(attn, (KrauseAttention, TopkAttention)):
         return torch.zeros(tensors[0].shape[:3], dtype=torch.bool, device=tensors[0].device)
     q, k = tensors[0].double(), tensors[1].double()
-    scores = attn.scores(q, k)  # (B, H, T, T), fine at these sizes
-    mask = dense_mask(attn.mask_mod, q.size(2), q.device)  # the neighbourhood: the causal window, or the grid
+    T = q.size(2)
+    scores = attn.scores(q, k) if isinstance(attn, KrauseAttention) else attn.tile_scores(q, k, 0, T, T)  # (B, H, T, T)
+    # the neighbourhood (Krause: the causal window, or the grid); top-k: what softmax sees
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device) if attn.mask_mod is None else \
+        dense_mask(attn.mask_mod, T, q.device)
     top = scores.masked_fill(~mask, float('-inf')).topk(min(attn.topk + 1, q.size(2)), -1).values
     if top.size(-1) <= attn.topk:
         return torch.zeros_like(top[..., 0], dtype=torch.bool)

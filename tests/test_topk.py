@@ -1,0 +1,143 @@
+"""Top-k attention against a slow reference written straight from the formula (docs/rules.md#top-k): per row, the
+visible keys' scaled dot products, a sort, a softmax over the first k. Float64, forward and gradients (q, k, v; the
+rule learns nothing else). Then ties, causality, flex, the cache inside a window, memory, and bad settings."""
+import math
+
+import pytest
+import torch
+
+from attention import AttentionConfig, SoftmaxAttention, build_attention
+from conftest import assert_causal
+from model import GPT, GPTConfig
+
+
+def topk_reference(q, k, v, visible, topk):
+    """y_i = Σ_{j kept} softmax_j(q_i·k_j/√D) v_j, kept = the first min(k, |Vis(i)|) of the visible j by a sort."""
+    B, H, T, D = q.shape
+    rows = []
+    for i in range(T):
+        js = visible(i)
+        per_head = []
+        for h in range(H):
+            out = []
+            for b in range(B):
+                scores = torch.stack([q[b, h, i] @ k[b, h, j] / math.sqrt(D) for j in js])
+                order = sorted(range(len(js)), key=lambda n: -scores[n].item())[:topk]  # a per-row sort
+                weights = torch.softmax(scores[order], -1)
+                out.append(sum(w * v[b, h, js[n]] for w, n in zip(weights, order)))
+            per_head.append(torch.stack(out))  # (B, D)
+        rows.append(torch.stack(per_head, 1))   # (B, H, D)
+    return torch.stack(rows, 2)                 # (B, H, T, D)
+
+
+def make(T, **kw):
+    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='topk'), **kw})
+    return build_attention(cfg, 0).double()
+
+
+def qkv(T, B=2, H=3, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+
+
+# (T, k, keys): causal rows with fewer than k keys, k > T (softmax), k = 1, the ViT, query tiles of 4 rows (T not a
+# multiple), a sliding window
+CASES = [(13, 4, dict()), (9, 16, dict()), (12, 1, dict()), (21, 5, dict(causal=False)),
+         (30, 7, dict(topk_chunk_weights=4 * 30)), (17, 3, dict(window=6)),
+         (19, 6, dict(causal=False, topk_chunk_weights=5 * 19))]
+
+
+@pytest.mark.parametrize('T,topk,kw', CASES)
+def test_matches_reference(T, topk, kw):
+    attn = make(T, topk_k=topk, **kw)
+    W = kw.get('window', 0)
+    visible = (lambda i: list(range(T))) if not kw.get('causal', True) else \
+        (lambda i: [j for j in range(i + 1) if not W or i - j < W])
+    q, k, v = qkv(T)
+    y = attn.attend(q, k, v)
+    ref = topk_reference(q, k, v, visible, topk)
+    torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
+    g = torch.randn_like(y)
+    for name, a, b in zip('qkv', torch.autograd.grad(y, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        if topk > 1 or name == 'v':  # (one key per row: its weight is 1 whatever q and k are)
+            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f'gradient of {name}')
+
+
+def test_a_tie_at_the_kth_score_keeps_every_tied_key():
+    # a threshold between the k-th and (k+1)-th score keeps all keys tied at the k-th; a sort would keep exactly k
+    attn = make(6, topk_k=2, causal=False)
+    q = torch.ones(1, 3, 6, 8, dtype=torch.float64)
+    k = torch.zeros(1, 3, 6, 8, dtype=torch.float64)
+    k[..., 0, :], k[..., 1, :], k[..., 2, :], k[..., 3, :] = 1.0, 0.5, 0.5, 0.25  # scores 2.83, 1.41, 1.41, 0.71, 0, 0
+    v = torch.randn(1, 3, 6, 8, dtype=torch.float64)
+    kept = torch.tensor([8, 4, 4], dtype=torch.float64) / math.sqrt(8)
+    expected = (kept.softmax(0)[:, None] * v[..., :3, :].unsqueeze(2)).sum(-2)   # keys 0, 1 and 2, for every row
+    torch.testing.assert_close(attn.attend(q, k, v), expected.expand(1, 3, 6, 8))
+
+
+def test_k_at_least_the_context_is_softmax():
+    torch.manual_seed(0)
+    topk = build_attention(AttentionConfig(n_embd=24, n_head=3, block_size=20, attention='topk', topk_k=20), 0)
+    softmax = SoftmaxAttention(AttentionConfig(n_embd=24, n_head=3, block_size=20), 0)
+    softmax.load_state_dict(topk.state_dict())
+    x = torch.randn(2, 20, 24)
+    torch.testing.assert_close(topk(x), softmax(x))
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(pos_emb='rope', topk_chunk_weights=5 * 40)])
+def test_gpt_is_causal(kw):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='topk',
+                          topk_k=4, **kw)).eval()
+    assert_causal(model, T=40, cut=21)
+
+
+@pytest.mark.parametrize('T,kw', [(150, dict(topk_k=16)), (150, dict(topk_k=16, topk_chunk_weights=40 * 150)),
+                                  (65, dict(topk_k=8, causal=False)), (100, dict(topk_k=5, window=24))])
+def test_flex_forward_equals_math(T, kw):
+    attn = make(T, **kw).float()
+    q, k, v = (t.detach().float() for t in qkv(T))
+    with torch.no_grad():
+        torch.testing.assert_close(attn.attend_flex(q, k, v), attn.attend(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('kw', [dict(topk_k=3), dict(topk_k=3, window=8)])
+def test_cached_generation_equals_uncached_with_a_small_k(kw):
+    # k below every context from the fourth token on, and (window) a ring of 8 keys of which the top 3 are taken
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=False, pos_emb='rope',
+                          attention='topk', **kw)).double().eval()
+    prompt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
+    cached = model.generate(prompt, 40, temperature=0)
+    assert torch.equal(cached, model.generate(prompt, 40, temperature=0, use_cache=False))
+    cache = model.new_cache(2)
+    with torch.no_grad():
+        logits, _ = model(cached[:, :5], cache=cache)
+        for t in range(5, 45):
+            torch.testing.assert_close(logits, model(cached[:, :t])[0], atol=1e-10, rtol=0)
+            logits, _ = model(cached[:, t:t + 1], cache=cache)
+
+
+def test_saves_no_tile_of_scores_for_backward():
+    # the paper's query chunking: what autograd keeps outside the recomputed tiles is O(T·D)
+    T, rows = 256, 16
+    attn = make(T, topk_k=8, topk_chunk_weights=rows * T)
+    q, k, v = qkv(T)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        attn.attend(q, k, v).sum().backward()
+    B, H, _, D = q.shape
+    assert max(saved, default=0) <= B * H * T * D < B * H * rows * T  # no tile × T scores, let alone T × T
+    assert q.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('kw,match', [
+    (dict(topk_k=0), 'topk_k must be >= 1'),
+    (dict(topk_k=-3), 'topk_k must be >= 1'),
+    (dict(topk_chunk_weights=0), 'topk_chunk_weights must be >= 1'),
+    (dict(window=4, causal=False), 'window .* needs causal=True'),
+])
+def test_bad_settings_fail_at_construction(kw, match):
+    with pytest.raises(ValueError, match=match):
+        build_attention(AttentionConfig(n_embd=24, n_head=3, attention='topk', **kw), 0)
