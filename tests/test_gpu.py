@@ -33,6 +33,8 @@ CASES = [
     (dict(attention='tda', tda_beta=0.5, tda_lambda=0.3), 1000),  # more survivors per row
     (dict(attention='tda', causal=False), 65),               # the ViT's constant threshold
     (dict(attention='tda', tda_differential=False), 300),
+    (dict(attention='gated'), 1000),
+    (dict(attention='gated', gated_headwise=True, window=64), 1000),
 ]
 
 
