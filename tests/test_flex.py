@@ -31,6 +31,8 @@ RULES = {  # name: config keys of one layer
     'mix tda': dict(attention='tda', mix=True),
     'gated': dict(attention='gated'),
     'gated headwise window': dict(attention='gated', gated_headwise=True, window=40),
+    'diff': dict(attention='diff'),
+    'diff vit': dict(attention='diff', causal=False, block_size=65),
 }
 T = 150  # not a multiple of flex's 128-token block
 

@@ -35,6 +35,8 @@ CASES = [
     (dict(attention='tda', tda_differential=False), 300),
     (dict(attention='gated'), 1000),
     (dict(attention='gated', gated_headwise=True, window=64), 1000),
+    (dict(attention='diff'), 1000),                          # flex: values twice as wide as q, k
+    (dict(attention='diff', causal=False), 300),
 ]
 
 
