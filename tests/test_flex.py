@@ -34,6 +34,10 @@ RULES = {  # name: config keys of one layer
     'topk window': dict(attention='topk', topk_k=5, window=40),
     'ssmax': dict(attention='ssmax'),
     'ssmax vit': dict(attention='ssmax', causal=False, block_size=65),
+    'gated': dict(attention='gated'),
+    'gated headwise window': dict(attention='gated', gated_headwise=True, window=40),
+    'diff': dict(attention='diff'),
+    'diff vit': dict(attention='diff', causal=False, block_size=65),
 }
 T = 150  # not a multiple of flex's 128-token block
 
@@ -98,8 +102,8 @@ def test_flex_equals_math_forward_and_every_gradient_in_float64(name, monkeypatc
     grad_y = torch.randn_like(math_y)
     math_params, math_inputs = gradients(attn, attn.attend, tensors, grad_y)
     flex_params, flex_inputs = gradients(attn, attn.attend_flex, tensors, grad_y)
-    assert set(flex_params) == set(math_params)  # every parameter the rule learns gets one (softmax, top-k learn none)
-    assert math_params or name.startswith(('softmax', 'topk'))
+    assert set(flex_params) == set(math_params)  # every parameter the rule learns gets one
+    assert math_params or name.startswith(('softmax', 'topk', 'gated'))  # none in attend (gated's W_g is in c_attn)
     for key in math_params:
         torch.testing.assert_close(flex_params[key], math_params[key], rtol=1e-9, atol=1e-10, msg=key)
     for flex_grad, math_grad in zip(flex_inputs, math_inputs):

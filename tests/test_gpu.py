@@ -39,6 +39,10 @@ CASES = [
     (dict(attention='ssmax'), 1000),
     (dict(attention='ssmax', causal=False), 300),
     (dict(attention='ssmax', window=64), 1000),
+    (dict(attention='gated'), 1000),
+    (dict(attention='gated', gated_headwise=True, window=64), 1000),
+    (dict(attention='diff'), 1000),                          # flex: values twice as wide as q, k
+    (dict(attention='diff', causal=False), 300),
 ]
 
 
