@@ -33,6 +33,10 @@ CASES = [
     (dict(attention='tda', tda_beta=0.5, tda_lambda=0.3), 1000),  # more survivors per row
     (dict(attention='tda', causal=False), 65),               # the ViT's constant threshold
     (dict(attention='tda', tda_differential=False), 300),
+    (dict(attention='longformer', longformer_window=64), 1000),
+    (dict(attention='longformer', longformer_window=512), 1000),  # the paper's top window: half the sequence
+    (dict(attention='longformer', causal=False, longformer_window=16), 65),  # CLS global, with Q_g, K_g, V_g
+    (dict(attention='longformer', causal=False, longformer_window=64, longformer_global=3), 300),
 ]
 
 
