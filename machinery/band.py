@@ -1,6 +1,7 @@
 """
 The band, for windowed rules without a T×T tensor: queries in tiles of `tile`, each tile against the tile + lookback
-keys that can reach it (positions c·tile - lookback .. c·tile + tile - 1; lookback >= W, a whole number of tiles).
+keys that can reach it (positions c·tile - lookback .. c·tile + tile - 1; lookback >= W, a whole number of tiles;
+a bidirectional window also looks ahead: + lookahead keys after the tile).
 A sliding window of W keys then costs O(T·(tile + lookback)) time and memory. Query tiles, for full-context rules
 whose weights are no softmax (no fused kernel): each tile recomputed in backward, so memory stays linear in T.
 """
@@ -27,12 +28,15 @@ def band_queries(x, tile):  # (B, H, T, D) -> (B, H, n, tile, D), zero-padded to
     return F.pad(x, (0, 0, 0, n * tile - T)).view(B, H, n, tile, D)
 
 
-def band_keys(x, tile, lookback):  # (B, H, T, D) -> (B, H, n, tile + lookback, D)
+def band_keys(x, tile, lookback, lookahead=0):  # (B, H, T, D) -> (B, H, n, lookback + tile + lookahead, D)
+    """Tile c's keys c·tile - lookback .. c·tile + tile - 1 + lookahead (lookahead, a multiple of the tile, for a
+    window with keys ahead of the query: a bidirectional one)."""
     B, H, T, D = x.shape
     n = cdiv(T, tile)
-    # lookback zero keys in front, so tile 0 looks back too
-    tiles = F.pad(x, (0, 0, lookback, n * tile - T)).view(B, H, n + lookback // tile, tile, D)
-    return ShiftedTiles.apply(tiles, lookback // tile + 1)
+    # lookback zero keys in front, so tile 0 looks back too; lookahead after the end, so the last tile looks ahead
+    reach = (lookback + lookahead) // tile  # tiles beside the query's own
+    tiles = F.pad(x, (0, 0, lookback, n * tile - T + lookahead)).view(B, H, n + reach, tile, D)
+    return ShiftedTiles.apply(tiles, reach + 1)
 
 
 def band_view(x, tile, lookback):  # (B, H, T, D) -> (B, H, n, D, tile + lookback): band_keys transposed, a view

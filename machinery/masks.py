@@ -36,7 +36,12 @@ def dense_mask(mask_mod, T, device):
     from, evaluated on every (i, j) pair, for the paths that hand SDPA or a softmax an explicit mask. Shared: never
     modify it in place."""
     position = torch.arange(T, device=device)
-    return mask_mod(None, None, position.view(-1, 1), position)
+    return mask_mod(*batch_and_head(device), position.view(-1, 1), position)
+
+
+def batch_and_head(device):  # b = h = 0 for a mask_mod off flex: or_masks / and_masks need them as tensors
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    return zero, zero
 
 
 FLEX_DEVICES = ('cuda',)  # where flex=True runs attend_flex (Attention.uses_flex); elsewhere SDPA or the math path
@@ -58,11 +63,13 @@ def compiled_flex_attention():
 
 
 @lru_cache(maxsize=64)
-def band_mask(mask_mod, T, tile, lookback, device):
-    """(n, tile, tile+lookback) bool of `mask_mod` on the band: in tile c, key slot s (position c·tile - lookback
-    + s; before the sequence: hidden) is visible to query r (position c·tile + r)."""
+def band_mask(mask_mod, T, tile, lookback, device, lookahead=0):
+    """(n, tile, lookback+tile+lookahead) bool of `mask_mod` on the band: in tile c, key slot s (position c·tile -
+    lookback + s; before the sequence: hidden, past it: hidden from the real queries) is visible to query r
+    (position c·tile + r). A padding query (past T, dropped by unband) keeps the padding keys its mask_mod lets
+    through, so that no row of the band is empty (an all -inf row is NaN, and NaN reaches the gradients)."""
     n = cdiv(T, tile)
     query = torch.arange(n * tile, device=device).view(n, tile, 1)
-    key = (torch.arange(n, device=device) * tile - lookback).view(n, 1, 1) + torch.arange(tile + lookback,
-                                                                                          device=device)
-    return (key >= 0) & mask_mod(None, None, query, key)
+    start = (torch.arange(n, device=device) * tile - lookback).view(n, 1, 1)  # each tile's first key slot
+    key = start + torch.arange(lookback + tile + lookahead, device=device)
+    return (key >= 0) & ((key < T) | (query >= T)) & mask_mod(*batch_and_head(device), query, key)

@@ -43,6 +43,10 @@ CASES = [
     (dict(attention='gated', gated_headwise=True, window=64), 1000),
     (dict(attention='diff'), 1000),                          # flex: values twice as wide as q, k
     (dict(attention='diff', causal=False), 300),
+    (dict(attention='longformer', longformer_window=64), 1000),
+    (dict(attention='longformer', longformer_window=512), 1000),  # the paper's top window: half the sequence
+    (dict(attention='longformer', causal=False, longformer_window=16), 65),  # CLS global, with Q_g, K_g, V_g
+    (dict(attention='longformer', causal=False, longformer_window=64, longformer_global=3), 300),
 ]
 
 
