@@ -158,6 +158,15 @@ class Attention(nn.Module):
         asks every layer for it at each evaluation (model.attention_reports) and prints it (cluster usage)."""
         return None
 
+    def extra_loss(self):
+        """A rule's own training term from its last forward (routing's commitment loss), a scalar, or None; read once
+        (it is then cleared). model.GPT's forward adds every layer's to the loss, by its gradient only."""
+        return None
+
+    def after_optimizer_step(self):
+        """What a rule updates once per optimizer step, after it, outside the gradient (routing's k-means centroids):
+        model.configure_adamw's optimizer calls it on every attention layer. Nothing by default."""
+
     # generation (has_cache): the state one layer keeps between tokens; a rule's own sit next to its attend
     def new_cache(self):  # a KVCache, or the rule's own object with `pos` and `nbytes()`
         raise NotImplementedError(f"{type(self).__name__} has no cache; generate with use_cache=False")
