@@ -127,6 +127,17 @@ def attention_layers(model):
     return [m for m in model.modules() if isinstance(m, Attention)]
 
 
+def with_extra_losses(model, loss):
+    """The loss plus every attention layer's own training term from this forward (Attention.extra_loss: routing's
+    commitment loss), by its gradient alone: the value stays the task's loss, the one logs and evaluations compare,
+    and the term is scaled as the loss is (gradient accumulation, fp16's GradScaler, DDP's mean)."""
+    for m in attention_layers(model):
+        extra = m.extra_loss()
+        if extra is not None:
+            loss = loss + (extra - extra.detach())
+    return loss
+
+
 @torch.no_grad()
 def layer_inputs_outputs(model, modules, *inputs):
     """{module: (x, y)}: what each of `modules` (layers of `model`: attention layers, blocks) is given (x, its first
@@ -235,6 +246,7 @@ class GPT(nn.Module):
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            loss = with_extra_losses(self, loss)
         else:  # inference: only the last position is needed
             logits = self.lm_head(x[:, [-1], :])
             loss = None
@@ -285,7 +297,8 @@ class GPT(nn.Module):
 def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
     """AdamW with weight decay on matrices (Linears, embeddings) only; biases, norms, scalars and the parameters a
     rule names in its `no_decay` (Attention's contract) are not decayed. Parameters a rule names in its `lr_scale`
-    go in groups of their own, marked with the factor; train.py sets each group's lr to the schedule's × it."""
+    go in groups of their own, marked with the factor; train.py sets each group's lr to the schedule's × it. Each
+    step ends with every attention layer's after_optimizer_step, where a rule overrides it (routing's k-means)."""
     exempt = {id(getattr(m, name)) for m in attention_layers(model) for name in m.no_decay}
     scale = {id(getattr(m, name)): f for m in attention_layers(model) for name, f in m.lr_scale.items()}
     params = [p for p in model.parameters() if p.requires_grad]
@@ -298,7 +311,11 @@ def configure_adamw(model, weight_decay, learning_rate, betas, device_type):
                    {'params': no_decay, 'weight_decay': 0.0, 'lr_scale': factor}]
     groups = groups[:2] + [g for g in groups[2:] if g['params']]  # always decay, no_decay first
     use_fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if use_fused else {}))
+    optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **(dict(fused=True) if use_fused else {}))
+    updated = [m for m in attention_layers(model) if type(m).after_optimizer_step is not Attention.after_optimizer_step]
+    if updated:  # what a rule moves once per step, after the parameters (routing's centroids); not on a skipped step
+        optimizer.register_step_post_hook(lambda *_: [m.after_optimizer_step() for m in updated])
+    return optimizer
 
 
 # -----------------------------------------------------------------------------
