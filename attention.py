@@ -873,7 +873,50 @@ class DEXAttention(SoftmaxAttention):
         return weights_of_linear_map(lambda q, k, v: softmax(self, q, k, v), *tensors)
 
 
-# [lsa]
+# -----------------------------------------------------------------------------
+# LSA
+
+@dataclass
+class LSAConfig:
+    lsa_per_head: bool = False   # LSA: one learned temperature per layer (AttentionX's base); True: one per head
+
+
+class LocalitySelfAttention(SoftmaxAttention):
+    """
+    y = softmax(t · q kᵀ + M) v,   M_ij = -inf if i = j else 0,   t = exp(log_temperature), init 1/√D
+    ("Vision Transformer for Small-Size Datasets", Lee, Lee, Song 2021, arXiv 2112.13492, Locality Self-Attention;
+    docs/rules.md#lsa)
+
+    Softmax attention with the diagonal masked (no token attends to itself) and a learned temperature t in place of
+    1/√D: both sharpen the weights onto the other tokens. t is kept as its log, one per layer as in the ViT
+    AttentionX builds on (kentaroy47/vision-transformers-cifar10 vit_small), or one per head (`lsa_per_head`, as the
+    authors' code has it). ViT only: with causal attention row 0 would see no key. Every path is softmax's with
+    the queries scaled by t·√D (SDPA with the off-diagonal mask, flex with it as a BlockMask), so t keeps its
+    gradient and no score_mod captures it. The paper's other half, Shifted Patch Tokenization, is not here.
+    """
+    has_causal_form, has_cache = False, False
+
+    def __init__(self, config, layer_idx):
+        if config.causal:  # the frame would refuse it too; this says why
+            raise ValueError(f"attention='{config.attention}' ({type(self).__name__}) has no causal form (causal=True, "
+                             f"a GPT): its diagonal is masked, so row 0 would see no key; use it in a ViT")
+        super().__init__(config, layer_idx)
+        self.mask_mod = off_diagonal_mask
+        shape = (self.n_head,) if config.lsa_per_head else ()
+        self.log_temperature = nn.Parameter(torch.full(shape, -0.5 * math.log(self.head_dim)))  # t = 1/√D
+
+    def sharpen(self, q):  # q·t·√D: softmax's q kᵀ/√D then gives t·q kᵀ
+        scale = (self.log_temperature.exp() * math.sqrt(self.head_dim)).to(q.dtype).view(-1, 1, 1)  # (H or 1, 1, 1)
+        return q * scale
+
+    def attend(self, q, k, v):
+        return super().attend(self.sharpen(q), k, v)
+
+    def attend_fused(self, q, k, v):
+        return super().attend_fused(self.sharpen(q), k, v)
+
+    def attend_flex(self, q, k, v, masks=None):
+        return super().attend_flex(self.sharpen(q), k, v, masks)
 
 
 # -----------------------------------------------------------------------------
@@ -887,6 +930,7 @@ ATTENTION = {
     'cluster': ClusterAttention,
     # the baselines
     'dex': DEXAttention,
+    'lsa': LocalitySelfAttention,
 }
 
 
@@ -1015,7 +1059,7 @@ class FrameConfig:
 
 
 @dataclass
-class AttentionConfig(DEXConfig, ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, SoftmaxConfig,
+class AttentionConfig(LSAConfig, DEXConfig, ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, SoftmaxConfig,
                       FrameConfig):
     """Every key an attention layer reads: the frame's, then each rule's (dataclass fields come base class last
     first, so FrameConfig's lead). GPTConfig and ViTConfig extend it; every field is a config key of train.py."""
