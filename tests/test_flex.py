@@ -29,6 +29,10 @@ RULES = {  # name: config keys of one layer
     'tda vit': dict(attention='tda', causal=False, grid_size=8, block_size=65),
     'mix krause': dict(attention='krause', mix=True, krause_window=32, krause_topk=16),
     'mix tda': dict(attention='tda', mix=True),
+    'dex': dict(attention='dex', dex_heads=1, dex_init='identity'),
+    'dex window': dict(attention='dex', window=40, dex_lambda=0.4),
+    'lsa vit': dict(attention='lsa', causal=False, grid_size=8, block_size=65, lsa_per_head=True),
+    'dex in mix': dict(attention='dex', mix=True, dex_init='identity'),  # no score_mod: nothing captured
 }
 T = 150  # not a multiple of flex's 128-token block
 

@@ -33,6 +33,10 @@ CASES = [
     (dict(attention='tda', tda_beta=0.5, tda_lambda=0.3), 1000),  # more survivors per row
     (dict(attention='tda', causal=False), 65),               # the ViT's constant threshold
     (dict(attention='tda', tda_differential=False), 300),
+    (dict(attention='dex', dex_heads=4, dex_init='identity'), 1000),  # λ per head on every head
+    (dict(attention='dex', dex_init='identity', window=64), 1000),
+    (dict(attention='lsa', causal=False, lsa_per_head=True), 65),     # t per head
+    (dict(attention='lsa', causal=False), 300),                       # t per layer
 ]
 
 
