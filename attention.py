@@ -1574,10 +1574,117 @@ class SSMaxAttention(SoftmaxAttention):
         return super().decode(q * self.row_scale(1, q.dtype, start=cache.pos), k, v, cache)
 
 
-# [dex]
+# -----------------------------------------------------------------------------
+# DEX
+
+@dataclass
+class DEXConfig:
+    dex_heads: int = 0           # DEX: heads with the differential step, the layer's last; 0 = half (n_head // 2, >= 1)
+    dex_lambda: float = 0.1      # DEX: initial λ in (0, 1), learned per head as its logit (λ = sigmoid)
+    dex_init: str = 'zero'       # DEX: f_D's initial W, 'zero' (y = O: softmax at step 0) or 'identity' (y = (1 - λ)O)
 
 
-# [lsa]
+class DEXAttention(SoftmaxAttention):
+    """
+    O = softmax(q kᵀ / √D + mask) v,   y = O - λ_h · f_D(O),   f_D(O) = O W_hᵀ      on the last dex_heads heads
+    y = O                                                                            on the others
+    ("Understanding Differential Transformer Unchains Pretrained Self-Attentions", Kong, Jang, Kwak 2025,
+    arXiv 2505.16333, Fig. 9; docs/rules.md#dex)
+
+    Differential Extension: the softmax scores are kept as they are and a λ-weighted map of each selected head's
+    output is subtracted from it, the paper's way of giving a (pretrained) softmax model what differential attention
+    has. No code was released; the paper calls f_D a projection, anneals λ and picks a layer-specific subset of heads,
+    without the details. Chosen here (docs/rules.md#dex): f_D a per-head D×D linear map W_h (`f_d`, not decayed),
+    starting at 0 (`dex_init`); λ_h = sigmoid(lambda_logit_h) learned per head from `dex_lambda`; the heads, each
+    layer's last `dex_heads` (heads are interchangeable when trained from scratch). y is A v (I - λW_hᵀ): linear in v
+    but mixing its channels, so the weights reported are A. Every path of softmax (SDPA, window, flex, cache) with
+    the step after it; it acts on each token's own output, so it keeps causality.
+    """
+    no_decay = ('f_d',)
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        H, n, lam = self.n_head, config.dex_heads, config.dex_lambda
+        if not 0 <= n <= H:
+            raise ValueError(f"dex_heads must be in [0, n_head={H}] (0 = half of them), got {n}")
+        if not 0 < lam < 1:  # NaN and infinities fail this too
+            raise ValueError(f"dex_lambda must be in (0, 1), got {lam}")
+        if config.dex_init not in ('zero', 'identity'):
+            raise ValueError(f"dex_init must be 'zero' or 'identity', got '{config.dex_init}'")
+        n = n or max(1, H // 2)
+        self.first_head = H - n  # heads first_head..H-1 take the differential step
+        self.lambda_logit = nn.Parameter(torch.full((n,), math.log(lam / (1 - lam))))
+        eye = torch.eye(self.head_dim).expand(n, -1, -1)
+        self.f_d = nn.Parameter(eye.clone() if config.dex_init == 'identity' else torch.zeros_like(eye))  # (n, D, D)
+
+    def differential(self, o):  # (B, H, T, D): O - λ_h·O W_hᵀ on the selected heads
+        kept, chosen = o[:, :self.first_head], o[:, self.first_head:]
+        lam = torch.sigmoid(self.lambda_logit).to(o.dtype).view(1, -1, 1, 1)  # the activations' dtype (bf16 stays bf16)
+        return torch.cat([kept, chosen - lam * (chosen @ self.f_d.transpose(-1, -2).to(o.dtype))], 1)
+
+    def attend(self, q, k, v):
+        return self.differential(super().attend(q, k, v))
+
+    def attend_fused(self, q, k, v):
+        return self.differential(super().attend_fused(q, k, v))
+
+    def attend_flex(self, q, k, v, masks=None):
+        return self.differential(super().attend_flex(q, k, v, masks))
+
+    def decode(self, q, k, v, cache):  # softmax's cache: every key, or the window's ring
+        return self.differential(super().decode(q, k, v, cache))
+
+    @torch.no_grad()
+    def attention_weights(self, *tensors):
+        """A, the softmax weights every head keeps (y = A v (I - λW_hᵀ) mixes v's channels: no one T×T matrix)."""
+        softmax = SoftmaxAttention.attend_fused if self.fused else SoftmaxAttention.attend
+        return weights_of_linear_map(lambda q, k, v: softmax(self, q, k, v), *tensors)
+
+
+# -----------------------------------------------------------------------------
+# LSA
+
+@dataclass
+class LSAConfig:
+    lsa_per_head: bool = False   # LSA: one learned temperature per layer (AttentionX's base); True: one per head
+
+
+class LocalitySelfAttention(SoftmaxAttention):
+    """
+    y = softmax(t · q kᵀ + M) v,   M_ij = -inf if i = j else 0,   t = exp(log_temperature), init 1/√D
+    ("Vision Transformer for Small-Size Datasets", Lee, Lee, Song 2021, arXiv 2112.13492, Locality Self-Attention;
+    docs/rules.md#lsa)
+
+    Softmax attention with the diagonal masked (no token attends to itself) and a learned temperature t in place of
+    1/√D: both sharpen the weights onto the other tokens. t is kept as its log, one per layer as in the ViT
+    AttentionX builds on (kentaroy47/vision-transformers-cifar10 vit_small), or one per head (`lsa_per_head`, as the
+    authors' code has it). ViT only: with causal attention row 0 would see no key. Every path is softmax's with
+    the queries scaled by t·√D (SDPA with the off-diagonal mask, flex with it as a BlockMask), so t keeps its
+    gradient and no score_mod captures it. The paper's other half, Shifted Patch Tokenization, is not here.
+    """
+    has_causal_form, has_cache = False, False
+
+    def __init__(self, config, layer_idx):
+        if config.causal:  # the frame would refuse it too; this says why
+            raise ValueError(f"attention='{config.attention}' ({type(self).__name__}) has no causal form (causal=True, "
+                             f"a GPT): its diagonal is masked, so row 0 would see no key; use it in a ViT")
+        super().__init__(config, layer_idx)
+        self.mask_mod = off_diagonal_mask
+        shape = (self.n_head,) if config.lsa_per_head else ()
+        self.log_temperature = nn.Parameter(torch.full(shape, -0.5 * math.log(self.head_dim)))  # t = 1/√D
+
+    def sharpen(self, q):  # q·t·√D: softmax's q kᵀ/√D then gives t·q kᵀ
+        scale = (self.log_temperature.exp() * math.sqrt(self.head_dim)).to(q.dtype).view(-1, 1, 1)  # (H or 1, 1, 1)
+        return q * scale
+
+    def attend(self, q, k, v):
+        return super().attend(self.sharpen(q), k, v)
+
+    def attend_fused(self, q, k, v):
+        return super().attend_fused(self.sharpen(q), k, v)
+
+    def attend_flex(self, q, k, v, masks=None):
+        return super().attend_flex(self.sharpen(q), k, v, masks)
 
 
 # -----------------------------------------------------------------------------
@@ -1597,6 +1704,8 @@ ATTENTION = {
     'gated': GatedAttention,
     'diff': DiffAttention,
     'ssmax': SSMaxAttention,
+    'dex': DEXAttention,
+    'lsa': LocalitySelfAttention,
 }
 
 
@@ -1725,7 +1834,8 @@ class FrameConfig:
 
 
 @dataclass
-class AttentionConfig(SSMaxConfig, DiffConfig, GatedConfig, LinearConfig, RoutingConfig, LongformerConfig, TopkConfig,
-                      ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig, SoftmaxConfig, FrameConfig):
+class AttentionConfig(LSAConfig, DEXConfig, SSMaxConfig, DiffConfig, GatedConfig, LinearConfig, RoutingConfig,
+                      LongformerConfig, TopkConfig, ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig,
+                      SoftmaxConfig, FrameConfig):
     """Every key an attention layer reads: the frame's, then each rule's (dataclass fields come base class last
     first, so FrameConfig's lead). GPTConfig and ViTConfig extend it; every field is a config key of train.py."""

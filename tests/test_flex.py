@@ -41,6 +41,10 @@ RULES = {  # name: config keys of one layer
     'longformer': dict(attention='longformer', longformer_window=32, longformer_window_last=64),  # layer 1: W = 43
     'longformer vit': dict(attention='longformer', causal=False, block_size=65, longformer_window=16,
                            longformer_global=2),
+    'dex': dict(attention='dex', dex_heads=1, dex_init='identity'),
+    'dex window': dict(attention='dex', window=40, dex_lambda=0.4),
+    'lsa vit': dict(attention='lsa', causal=False, grid_size=8, block_size=65, lsa_per_head=True),
+    'dex in mix': dict(attention='dex', mix=True, dex_init='identity'),  # no score_mod: nothing captured
 }
 T = 150  # not a multiple of flex's 128-token block
 

@@ -47,6 +47,10 @@ CASES = [
     (dict(attention='longformer', longformer_window=512), 1000),  # the paper's top window: half the sequence
     (dict(attention='longformer', causal=False, longformer_window=16), 65),  # CLS global, with Q_g, K_g, V_g
     (dict(attention='longformer', causal=False, longformer_window=64, longformer_global=3), 300),
+    (dict(attention='dex', dex_heads=4, dex_init='identity'), 1000),  # λ per head on every head
+    (dict(attention='dex', dex_init='identity', window=64), 1000),
+    (dict(attention='lsa', causal=False, lsa_per_head=True), 65),     # t per head
+    (dict(attention='lsa', causal=False), 300),                       # t per layer
 ]
 
 
