@@ -227,8 +227,7 @@ def bench_attention():
         for name in attention.split(','):
             module = build_attention(attention_config(attention=name, block_size=T), 0).to(device, ptdtype)
             # path(): what forward runs
-            paths = [('flex' if flex else 'sdpa' if module.fused else 'math',
-                      module.attend_flex if flex else module.path())]
+            paths = [('flex' if flex else 'math', module.attend_flex if flex else module.path())]
             if dense and hasattr(module, 'attend_dense'):
                 paths.append(('dense', module.attend_dense))
             for path, attend in paths:
