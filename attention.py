@@ -833,7 +833,6 @@ class EntmaxAttention(Attention):
         if config.entmax_chunk_weights < 1:
             raise ValueError(f"entmax_chunk_weights must be >= 1, got {config.entmax_chunk_weights}")
         self.alpha, self.iters, self.chunk_weights = float(alpha), config.entmax_iters, config.entmax_chunk_weights
-        self.mask_mod = causal_mask if self.causal else None
 
     def weights(self, q, k, visible=None):  # (B, H, C, D), (B, H, L, D), (C, L) bool or None -> (B, H, C, L)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
@@ -843,15 +842,7 @@ class EntmaxAttention(Attention):
         return F.dropout(EntmaxFunction.apply(scores, self.alpha, self.iters), self.dropout, self.training)
 
     def attend(self, q, k, v):
-        T = q.size(2)
-        mask = dense_mask(self.mask_mod, T, q.device) if self.mask_mod is not None else None
-
-        def tile_output(start, end, n_keys):  # queries start..end-1 against keys 0..n_keys-1
-            visible = mask[start:end, :n_keys] if mask is not None else None
-            return self.weights(q[:, :, start:end], k[:, :, :n_keys], visible).to(v.dtype) @ v[:, :, :n_keys]
-
-        rows = max(1, self.chunk_weights // T)  # queries per tile
-        return torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, self.causal)], 2)
+        return attend_in_query_tiles(self.weights, q, k, v, self.causal, self.chunk_weights)
 
     def new_cache(self):  # every key and value: grows with the context
         return KVCache()
@@ -912,6 +903,21 @@ def entmax_bisect(z, alpha, iters):
     return p / p.sum(-1, keepdim=True)
 
 
+def attend_in_query_tiles(weights, q, k, v, causal, chunk_weights):
+    """y = W v for a rule whose rows need all their keys at once (entmax, ReLA): W's rows from
+    weights(q_tile, k_seen, visible) (B, H, C, L), visible (C, L) the causal mask or None, queries in tiles of
+    chunk_weights // T rows, each recomputed in backward: memory linear in T, never T×T."""
+    T = q.size(2)
+
+    def tile_output(start, end, n_keys):  # queries start..end-1 against keys 0..n_keys-1
+        visible = causal_mask(None, None, torch.arange(start, end, device=q.device)[:, None],
+                              torch.arange(n_keys, device=q.device)) if causal else None
+        return weights(q[:, :, start:end], k[:, :, :n_keys], visible).to(v.dtype) @ v[:, :, :n_keys]
+
+    rows = max(1, chunk_weights // T)  # queries per tile
+    return torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, causal)], 2)
+
+
 # -----------------------------------------------------------------------------
 # ReLA
 
@@ -947,7 +953,6 @@ class ReLAAttention(Attention):
         if config.rela_chunk_weights < 1:
             raise ValueError(f"rela_chunk_weights must be >= 1, got {config.rela_chunk_weights}")
         self.eps, self.chunk_weights = config.rela_eps, config.rela_chunk_weights
-        self.mask_mod = causal_mask if self.causal else None
         C = config.n_embd
         self.norm_scale = nn.Parameter(torch.ones(C))                                    # g
         self.norm_gate = nn.Parameter(torch.empty(C).uniform_(-math.sqrt(3 / C), math.sqrt(3 / C)))  # w
@@ -959,15 +964,7 @@ class ReLAAttention(Attention):
         return F.dropout(a, self.dropout, self.training)
 
     def attend(self, q, k, v):
-        T = q.size(2)
-        mask = dense_mask(self.mask_mod, T, q.device) if self.mask_mod is not None else None
-
-        def tile_output(start, end, n_keys):  # queries start..end-1 against keys 0..n_keys-1
-            visible = mask[start:end, :n_keys] if mask is not None else None
-            return self.weights(q[:, :, start:end], k[:, :, :n_keys], visible) @ v[:, :, :n_keys]
-
-        rows = max(1, self.chunk_weights // T)  # queries per tile
-        return torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, self.causal)], 2)
+        return attend_in_query_tiles(self.weights, q, k, v, self.causal, self.chunk_weights)
 
     def out(self, y):  # the gated RMSNorm between the merge and c_proj
         return self.resid_dropout(self.c_proj(self.gated_rms_norm(merge_heads(y))))
