@@ -1410,10 +1410,196 @@ class GatedAttention(SoftmaxAttention):
         return weights_of_linear_map(super().attend_fused if self.fused else super().attend, q, k, v)
 
 
-# [entmax]
+# -----------------------------------------------------------------------------
+# entmax
+
+@dataclass
+class EntmaxConfig:
+    entmax_alpha: float = 1.5    # entmax: α > 1 (1.5: exact, by sort; 2: sparsemax; others: bisection); α = 1: softmax
+    entmax_iters: int = 50       # entmax: bisection steps where α != 1.5 (the entmax package's n_iter)
+    entmax_chunk_weights: int = 2**18  # entmax math path: weights per head one query tile may hold (that // T queries)
 
 
-# [rela]
+class EntmaxAttention(Attention):
+    """
+    p_ij = [(α-1)·s_ij - τ_i]₊^(1/(α-1)),  τ_i such that Σ_j p_ij = 1,   s_ij = q_i·k_j/√D over Vis(i)
+    y_i  = Σ_j p_ij v_j            α = 1.5:  p_ij = [s_ij/2 - τ_i]₊²
+    ("Sparse Sequence-to-Sequence Models", Peters, Niculae, Martins 2019, arXiv 1905.05702; in attention: "Adaptively
+    Sparse Transformers", Correia, Niculae, Martins 2019, arXiv 1909.00015; docs/rules.md#entmax)
+
+    α-entmax, softmax's sparse sibling (the argmax of p·s plus the Tsallis α-entropy over the simplex): a row is
+    still a distribution, but keys scoring below the row's threshold get exactly 0. α is fixed for every head
+    (`entmax_alpha`; the adaptive α of Correia et al. is not here); nothing is learned beyond q, k, v, o. α = 1.5:
+    τ in closed form from the sorted row (Peters et al.'s exact algorithm); any other α > 1: `entmax_iters` steps of
+    bisection on τ, as the `entmax` package's entmax_bisect. Both in float32 at least, whatever the activations'
+    dtype; backward is entmax's Jacobian (EntmaxFunction). Math path: query tiles of entmax_chunk_weights // T rows,
+    each recomputed in backward, so memory is linear in T; the cache holds every key (decode: entmax over them). No
+    flex path (the weights are not exp of a score) and no fused one.
+    """
+    has_bidirectional_form, has_cache = True, True
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        alpha = config.entmax_alpha
+        if not (math.isfinite(alpha) and alpha > 1):
+            raise ValueError(f"entmax_alpha must be a finite number > 1 (1.5, or 2 for sparsemax), got {alpha}; "
+                             f"α = 1 is softmax: use attention=softmax")
+        if config.entmax_iters < 1:
+            raise ValueError(f"entmax_iters must be >= 1, got {config.entmax_iters}")
+        if config.entmax_chunk_weights < 1:
+            raise ValueError(f"entmax_chunk_weights must be >= 1, got {config.entmax_chunk_weights}")
+        self.alpha, self.iters, self.chunk_weights = float(alpha), config.entmax_iters, config.entmax_chunk_weights
+
+    def weights(self, q, k, visible=None):  # (B, H, C, D), (B, H, L, D), (C, L) bool or None -> (B, H, C, L)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # the threshold's sums: never in 16 bits
+        if visible is not None:  # a hidden key scores -inf: its weight is exactly 0
+            scores = scores.masked_fill(~visible, float('-inf'))
+        return F.dropout(EntmaxFunction.apply(scores, self.alpha, self.iters), self.dropout, self.training)
+
+    def attend(self, q, k, v):
+        return attend_in_query_tiles(self.weights, q, k, v, self.causal, self.chunk_weights)
+
+    def new_cache(self):  # every key and value: grows with the context
+        return KVCache()
+
+    def fill(self, cache, q, k, v):
+        cache.append(k, v)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): every cached key is visible
+        cache.append(k, v)
+        keys, values = cache.tensors()
+        return self.weights(q, keys).to(v.dtype) @ values
+
+
+class EntmaxFunction(torch.autograd.Function):
+    """α-entmax along the last dim of scores (float32 or wider; -inf: weight 0), with its Jacobian in backward:
+    g = p^(2-α) on the support (0 off it), ds = g·dp - g·Σ(g·dp)/Σg. The support carries no gradient; a row with
+    one key in its support has a zero Jacobian."""
+
+    @staticmethod
+    def forward(ctx, scores, alpha, iters):
+        z = (scores - scores.amax(-1, keepdim=True)) * (alpha - 1)  # the row's maximum at 0 (p <= 1 there)
+        p = entmax15_sorted(z) if alpha == 1.5 else entmax_bisect(z, alpha, iters)
+        ctx.save_for_backward(p)
+        ctx.alpha = alpha
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, = ctx.saved_tensors
+        g = p.sqrt() if ctx.alpha == 1.5 else torch.where(p > 0, p, 1.0) ** (2 - ctx.alpha) * (p > 0)
+        gd = g * grad
+        return gd - g * (gd.sum(-1, keepdim=True) / g.sum(-1, keepdim=True)), None, None
+
+
+def entmax15_sorted(z):
+    """1.5-entmax of z = s/2 (max 0, -inf hidden), exactly: for the k largest z, Σ (z - τ)² = 1 gives
+    τ(k) = mean - √((1 - Σ(z - mean)²)/k); the support is the k with τ(k) <= z_(k) (Peters et al.'s sort)."""
+    zs = z.sort(-1, descending=True).values
+    seen = zs > float('-inf')
+    zs0 = zs.masked_fill(~seen, 0.0)  # hidden keys sort last: their zeros touch no visible k's sums
+    k = torch.arange(1, z.size(-1) + 1, device=z.device, dtype=z.dtype)
+    mean, mean_sq = zs0.cumsum(-1) / k, (zs0 * zs0).cumsum(-1) / k
+    tau = mean - ((1 - k * (mean_sq - mean * mean)) / k).clamp_min(0).sqrt()
+    support = ((tau <= zs) & seen).sum(-1, keepdim=True)  # >= 1: the largest z always passes
+    return (z - tau.gather(-1, support - 1)).clamp_min(0) ** 2
+
+
+def entmax_bisect(z, alpha, iters):
+    """α-entmax of z = (α-1)·s (max 0, -inf hidden) by bisection on τ in [-1, -(1/n)^(α-1)], where Σ_j p_j(τ) goes
+    from >= 1 to <= 1, then renormalised (the entmax package's entmax_bisect, ensure_sum_one)."""
+    p_of = lambda tau: (z - tau).clamp_min(0) ** (1 / (alpha - 1))
+    lo = torch.full_like(z[..., :1], -1.0)
+    width = 1 - z.size(-1) ** (1 - alpha)
+    for _ in range(iters):
+        width /= 2
+        lo = torch.where(p_of(lo + width).sum(-1, keepdim=True) >= 1, lo + width, lo)
+    p = p_of(lo)
+    return p / p.sum(-1, keepdim=True)
+
+
+def attend_in_query_tiles(weights, q, k, v, causal, chunk_weights):
+    """y = W v for a rule whose rows need all their keys at once (entmax, ReLA): W's rows from
+    weights(q_tile, k_seen, visible) (B, H, C, L), visible (C, L) the causal mask or None, queries in tiles of
+    chunk_weights // T rows, each recomputed in backward: memory linear in T, never T×T."""
+    T = q.size(2)
+
+    def tile_output(start, end, n_keys):  # queries start..end-1 against keys 0..n_keys-1
+        visible = causal_mask(None, None, torch.arange(start, end, device=q.device)[:, None],
+                              torch.arange(n_keys, device=q.device)) if causal else None
+        return weights(q[:, :, start:end], k[:, :, :n_keys], visible).to(v.dtype) @ v[:, :, :n_keys]
+
+    rows = max(1, chunk_weights // T)  # queries per tile
+    return torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, causal)], 2)
+
+
+# -----------------------------------------------------------------------------
+# ReLA
+
+@dataclass
+class ReLAConfig:
+    rela_eps: float = 1e-8       # ReLA: ε of the gated RMSNorm over the merged heads (the official code's: 1e-8)
+    rela_chunk_weights: int = 2**18  # ReLA math path: weights per head one query tile may hold (that // T queries)
+
+
+class ReLAAttention(Attention):
+    """
+    a_ij = relu(q_i·k_j/√D) for j in Vis(i), else 0;   y_i = Σ_j a_ij v_j        per head, no normalisation over j
+    o = g ⊙ z/√(mean(z²) + ε) ⊙ σ(w ⊙ z),   z = the merged heads (B, T, C);   then c_proj
+    ("Sparse Attention with Linear Units", Zhang, Titov, Sennrich 2021, arXiv 2104.07012, ReLA-g; authors' code:
+    bzhangGo/zero modules/rela.py; docs/rules.md#rela)
+
+    Rectified linear attention: softmax replaced by a ReLU, so a key with a negative score gets exactly 0, a row
+    need not sum to 1 and may be all zero (the head "switches off": y = 0, and o = 0 if every head does). The
+    scale is kept in check by a gated RMSNorm over all heads between the merge and c_proj (`out`), with learned
+    g (`norm_scale`, init 1) and w (`norm_gate`, init U(±√(3/C)), the official code's default: TF's variance
+    scaling, fan_avg, uniform, on a vector of C), 2C parameters per layer; ε = `rela_eps` (1e-8 as there), the norm
+    in float32 at least. Math path: query tiles of rela_chunk_weights // T rows, each recomputed in backward, so
+    memory is linear in T; the cache holds every key (decode: relu over them). No flex path, no fused one.
+    """
+    has_bidirectional_form, has_cache = True, True
+    weights_note = "relu(s): rows are not normalised (they may sum to anything, or be all zero), and the gated " \
+                   "RMSNorm over the merged heads after W v rescales each token"
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        if not (math.isfinite(config.rela_eps) and config.rela_eps > 0):
+            raise ValueError(f"rela_eps must be a finite number > 0, got {config.rela_eps}")
+        if config.rela_chunk_weights < 1:
+            raise ValueError(f"rela_chunk_weights must be >= 1, got {config.rela_chunk_weights}")
+        self.eps, self.chunk_weights = config.rela_eps, config.rela_chunk_weights
+        C = config.n_embd
+        self.norm_scale = nn.Parameter(torch.ones(C))                                    # g
+        self.norm_gate = nn.Parameter(torch.empty(C).uniform_(-math.sqrt(3 / C), math.sqrt(3 / C)))  # w
+
+    def weights(self, q, k, visible=None):  # (B, H, C, D), (B, H, L, D), (C, L) bool or None -> (B, H, C, L)
+        a = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).relu()
+        if visible is not None:  # a hidden key's weight is 0, whatever its score
+            a = a.masked_fill(~visible, 0.0)
+        return F.dropout(a, self.dropout, self.training)
+
+    def attend(self, q, k, v):
+        return attend_in_query_tiles(self.weights, q, k, v, self.causal, self.chunk_weights)
+
+    def out(self, y):  # the gated RMSNorm between the merge and c_proj
+        return self.resid_dropout(self.c_proj(self.gated_rms_norm(merge_heads(y))))
+
+    def gated_rms_norm(self, z):  # (B, T, C): g ⊙ z/√(mean z² + ε) ⊙ σ(w ⊙ z); z = 0 gives exactly 0
+        x = z.to(torch.promote_types(z.dtype, torch.float32))
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.norm_scale * normed * torch.sigmoid(self.norm_gate * x)).to(z.dtype)
+
+    def new_cache(self):  # every key and value: grows with the context
+        return KVCache()
+
+    def fill(self, cache, q, k, v):
+        cache.append(k, v)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): every cached key is visible
+        cache.append(k, v)
+        keys, values = cache.tensors()
+        return self.weights(q, keys) @ values
 
 
 # -----------------------------------------------------------------------------
@@ -1702,6 +1888,8 @@ ATTENTION = {
     'routing': RoutingAttention,
     'linear': LinearAttention,
     'gated': GatedAttention,
+    'entmax': EntmaxAttention,
+    'rela': ReLAAttention,
     'diff': DiffAttention,
     'ssmax': SSMaxAttention,
     'dex': DEXAttention,
@@ -1834,8 +2022,8 @@ class FrameConfig:
 
 
 @dataclass
-class AttentionConfig(LSAConfig, DEXConfig, SSMaxConfig, DiffConfig, GatedConfig, LinearConfig, RoutingConfig,
-                      LongformerConfig, TopkConfig, ClusterConfig, TDAConfig, AttentionXConfig, KrauseConfig,
-                      SoftmaxConfig, FrameConfig):
+class AttentionConfig(LSAConfig, DEXConfig, SSMaxConfig, DiffConfig, ReLAConfig, EntmaxConfig, GatedConfig,
+                      LinearConfig, RoutingConfig, LongformerConfig, TopkConfig, ClusterConfig, TDAConfig,
+                      AttentionXConfig, KrauseConfig, SoftmaxConfig, FrameConfig):
     """Every key an attention layer reads: the frame's, then each rule's (dataclass fields come base class last
     first, so FrameConfig's lead). GPTConfig and ViTConfig extend it; every field is a config key of train.py."""
