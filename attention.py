@@ -112,6 +112,9 @@ class Attention(nn.Module):
         if not config.causal and not self.has_bidirectional_form:
             raise ValueError(f"attention='{config.attention}' ({type(self).__name__}) has no bidirectional form "
                              f"(causal=False, a ViT); use it in a GPT")
+        if config.flex and not self.has_flex:  # else it would fail at the first forward on a GPU
+            raise ValueError(f"attention='{config.attention}' ({type(self).__name__}) has no flex path; pass "
+                             f"--flex=False (its math path computes the same function)")
         check_rope_scaling(config)
         self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
         self.causal, self.flex, self.dropout = config.causal, config.flex, config.dropout
@@ -1767,7 +1770,7 @@ class SSMaxAttention(SoftmaxAttention):
 class DEXConfig:
     dex_heads: int = 0           # DEX: heads with the differential step, the layer's last; 0 = half (n_head // 2, >= 1)
     dex_lambda: float = 0.1      # DEX: initial λ in (0, 1), learned per head as its logit (λ = sigmoid)
-    dex_init: str = 'zero'       # DEX: f_D's initial W, 'zero' (y = O: softmax at step 0) or 'identity' (y = (1 - λ)O)
+    dex_init: str = 'zero'       # DEX: f_D's initial W, 'zero' (y = O: softmax at init) or 'identity' (y = (1 - λ)O)
 
 
 class DEXAttention(SoftmaxAttention):

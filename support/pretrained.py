@@ -201,7 +201,7 @@ def base_state(base, model):
     """The base's weights in the names of `model` (a fine-tune of it): the position table cropped to its
     block_size; with a shortcut added (MixAttention), the pretrained attention as its softmax branch and copies of
     its projections in the rule's branch (c_attn's q, k, v rows to each q*, k*, v* projection the rule has, c_proj
-    as it is), the rule's own parameters and the gate as the model initialised them."""
+    as it is), the rule's own parameters and projections (gated's g) and the gate as the model initialised them."""
     state = dict(base['state'])
     wpe = 'transformer.wpe.weight'
     if wpe in state:
@@ -218,10 +218,11 @@ def base_state(base, model):
                 continue  # bias=False
             q, k, v = state[f'{prefix}.softmax.c_attn.{part}'].split(C, dim=0)
             copies = {'q': q, 'k': k, 'v': v}
-            if any(p[0] not in copies for p in rule.projections):
-                raise ValueError(f"{type(rule).__name__}'s projections {rule.projections} are not q*/k*/v*: its branch "
-                                 f"cannot start from the pretrained ones")
-            state[f'{prefix}.rule.c_attn.{part}'] = torch.cat([copies[p[0]] for p in rule.projections]).clone()
+            rows = own[f'{prefix}.rule.c_attn.{part}'].clone()  # a projection of its own (gated's g) keeps its init
+            for j, name in enumerate(rule.projections):
+                if name[0] in copies:
+                    rows[j * C:(j + 1) * C] = copies[name[0]]
+            state[f'{prefix}.rule.c_attn.{part}'] = rows
             state[f'{prefix}.rule.c_proj.{part}'] = state[f'{prefix}.softmax.c_proj.{part}'].clone()
     for key in own:  # what the base has nothing for: the gate, the rule's own parameters, LoRA
         state.setdefault(key, own[key])
