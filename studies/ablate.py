@@ -112,6 +112,9 @@ ROWS = {
             'pixels': '--attention=krause --mix=True --krause_window=256 --krause_topk=192',
             'vit': 'n/a: the mix form adds a causal softmax branch (GPT systems)',
             'shortcut': 'n/a: every shortcut is a mix form beside the base softmax (the krause row is this one)'},
+    # the baselines (every other one runs with its defaults, each the paper's setting where it has one)
+    'longformer': {'causal': '--attention=longformer --longformer_window=32 --longformer_window_last=512',  # grows
+                   'pixels': '--attention=longformer --longformer_window=256'},  # over depth (config/longformer_gpt.py)
     'window': {'causal': '--attention=softmax --window=32', 'pixels': '--attention=softmax --window=256',
                'vit': 'n/a: the sliding window is causal and 1-D (GPT systems)',
                'shortcut': "n/a: a window is the base softmax's own shape (window=0), which a fine-tune keeps"},
