@@ -13,7 +13,8 @@ Every attention config key (attention.AttentionConfig) is a flag. --flex=True ti
 flex_attention path (forward only on CPU, where flex has no backward); --dense=True also times a
 rule's dense O(T²) form (`attend_dense`) where it has one. --mode=model times a whole GPT train step
 (tokens/s) instead. Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's
-resident set (Linux only).
+resident set (Linux only), which glibc's reuse of freed heap blocks can swell far past the live
+tensors (the query-tiled rules: many tiles' blocks); --live_memory=True measures those alone.
 
 --mode=pace: the rule's attention alone (forward+backward) and its whole GPT train step (tokens/s),
 each beside causal flash softmax (SDPA) in the same run, with peak memory; --profile=True adds each
@@ -68,6 +69,8 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'
 compile = False             # model and pace modes: torch.compile the model (CUDA)
 profile = False             # pace mode: print each case's top operations (torch.profiler)
+live_memory = False         # CPU: blocks of 64 KiB and up mapped from the start, so a peak is the live tensors',
+                            # not the allocator's reuse (slower: compare times only within such a run)
 json_out = False
 seed = 1337
 globals().update(dataclass_defaults(AttentionConfig, globals()))
@@ -106,6 +109,8 @@ check_or_exit(check_bench_settings, script_settings(globals()))
 torch.manual_seed(seed)
 ptdtype = DTYPES[dtype]
 is_cuda = device.startswith('cuda')
+if live_memory and not is_cuda:  # before any tensor: the heap never holds a large freed block for reuse
+    ctypes.CDLL('libc.so.6').mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
 
 
 def attention_config(**overrides):
