@@ -445,9 +445,41 @@ class AttentionXConfig:
     attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
     attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
     attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
+    attnx_learned_temperature: bool = False  # AttentionX: t·q kᵀ, t learned per layer from 1/√D (LSA's; paper's ViT)
 
 
-class AttentionX(SoftmaxAttention):
+class LearnedTemperature:
+    """
+    softmax(t · q kᵀ + mask) in place of softmax(q kᵀ / √D + mask), t = exp(log_temperature) learned, init 1/√D
+    (LSA's temperature, docs/rules.md#lsa), mixed into a softmax rule (first in its bases). Each softmax path (math,
+    SDPA, flex, the cache) is handed q·t·√D, so it runs unchanged and t keeps its gradient (no score_mod captures
+    it). A layer built without one (log_temperature None) hands q through as it is.
+    """
+
+    def init_temperature(self, learned, per_head=False):  # one t per layer, or one per head
+        shape = (self.n_head,) if per_head else ()
+        self.log_temperature = nn.Parameter(torch.full(shape, -0.5 * math.log(self.head_dim))) if learned else None
+
+    def sharpen(self, q):  # q·t·√D: softmax's q kᵀ/√D then gives t·q kᵀ
+        if self.log_temperature is None:
+            return q
+        scale = (self.log_temperature.exp() * math.sqrt(self.head_dim)).to(q.dtype).view(-1, 1, 1)  # (H or 1, 1, 1)
+        return q * scale
+
+    def attend(self, q, k, v):
+        return super().attend(self.sharpen(q), k, v)
+
+    def attend_fused(self, q, k, v):
+        return super().attend_fused(self.sharpen(q), k, v)
+
+    def attend_flex(self, q, k, v, masks=None):
+        return super().attend_flex(self.sharpen(q), k, v, masks)
+
+    def decode(self, q, k, v, cache):  # the cache keeps k and v as they are: only the new query is scaled
+        return super().decode(self.sharpen(q), k, v, cache)
+
+
+class AttentionX(LearnedTemperature, SoftmaxAttention):
     """
     y = v - γ · softmax(q kᵀ / √D + mask) v      per head, then heads merged and c_proj as usual
     ("AttentionX: Exploiting Consensus Discrepancy In Attention from A Distributed Optimization Perspective",
@@ -458,8 +490,10 @@ class AttentionX(SoftmaxAttention):
     filter, the opposite of the smoothing AV that, stacked over layers, drives rank collapse. The paper keeps
     γ >= 1: γ = 3 for its causal nanoGPT (diagonal kept), γ = 1 for its ViT with the diagonal masked
     (`attnx_mask_diagonal`: a token attends only to the others). γ is fixed, or learned per head
-    (`attnx_learnable_gamma`). A is SoftmaxAttention's, on each of its paths (SDPA, the window, flex, the cache);
-    the masked diagonal is `off_diagonal_mask`, a boolean SDPA mask (no flash).
+    (`attnx_learnable_gamma`). The paper's ViT is an LSA ViT: `attnx_learned_temperature` puts LSA's learned
+    temperature in A, softmax(t·q kᵀ + mask) (LearnedTemperature); with the diagonal masked, A is LSA's exactly.
+    A is SoftmaxAttention's, on each of its paths (SDPA, the window, flex, the cache); the masked diagonal is
+    `off_diagonal_mask`, a boolean SDPA mask (no flash).
     """
 
     def __init__(self, config, layer_idx):
@@ -477,6 +511,7 @@ class AttentionX(SoftmaxAttention):
             self.gamma = nn.Parameter(gamma)  # 1-D, so AdamW does not decay it
         else:
             self.register_buffer('gamma', gamma, persistent=False)
+        self.init_temperature(config.attnx_learned_temperature)  # one t per layer, as the paper's LSA ViT has
 
     def discrepancy(self, v, y):
         # v - γ_h·y in one op (no γ·y temporary: one (B, H, T, D) tensor less at the peak); γ in the activations'
@@ -1876,7 +1911,7 @@ class LSAConfig:
     lsa_per_head: bool = False   # LSA: one learned temperature per layer (AttentionX's base); True: one per head
 
 
-class LocalitySelfAttention(SoftmaxAttention):
+class LocalitySelfAttention(LearnedTemperature, SoftmaxAttention):
     """
     y = softmax(t · q kᵀ + M) v,   M_ij = -inf if i = j else 0,   t = exp(log_temperature), init 1/√D
     ("Vision Transformer for Small-Size Datasets", Lee, Lee, Song 2021, arXiv 2112.13492, Locality Self-Attention;
@@ -1886,8 +1921,9 @@ class LocalitySelfAttention(SoftmaxAttention):
     1/√D: both sharpen the weights onto the other tokens. t is kept as its log, one per layer as in the ViT
     AttentionX builds on (kentaroy47/vision-transformers-cifar10 vit_small), or one per head (`lsa_per_head`, as the
     authors' code has it). ViT only: with causal attention row 0 would see no key. Every path is softmax's with
-    the queries scaled by t·√D (SDPA with the off-diagonal mask, flex with it as a BlockMask), so t keeps its
-    gradient and no score_mod captures it. The paper's other half, Shifted Patch Tokenization, is not here.
+    the queries scaled by t·√D (LearnedTemperature, shared with AttentionX on its LSA base: SDPA with the
+    off-diagonal mask, flex with it as a BlockMask), so t keeps its gradient and no score_mod captures it. The
+    paper's other half, Shifted Patch Tokenization, is not here.
     """
     has_causal_form, has_cache = False, False
 
@@ -1897,21 +1933,7 @@ class LocalitySelfAttention(SoftmaxAttention):
                              f"a GPT): its diagonal is masked, so row 0 would see no key; use it in a ViT")
         super().__init__(config, layer_idx)
         self.mask_mod = off_diagonal_mask
-        shape = (self.n_head,) if config.lsa_per_head else ()
-        self.log_temperature = nn.Parameter(torch.full(shape, -0.5 * math.log(self.head_dim)))  # t = 1/√D
-
-    def sharpen(self, q):  # q·t·√D: softmax's q kᵀ/√D then gives t·q kᵀ
-        scale = (self.log_temperature.exp() * math.sqrt(self.head_dim)).to(q.dtype).view(-1, 1, 1)  # (H or 1, 1, 1)
-        return q * scale
-
-    def attend(self, q, k, v):
-        return super().attend(self.sharpen(q), k, v)
-
-    def attend_fused(self, q, k, v):
-        return super().attend_fused(self.sharpen(q), k, v)
-
-    def attend_flex(self, q, k, v, masks=None):
-        return super().attend_flex(self.sharpen(q), k, v, masks)
+        self.init_temperature(True, per_head=config.lsa_per_head)  # t = 1/√D
 
 
 # -----------------------------------------------------------------------------
