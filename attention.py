@@ -445,9 +445,41 @@ class AttentionXConfig:
     attnx_gamma: float = 1.0     # AttentionX: y = v - γ·softmax(qkᵀ/√D)v; paper: 3 (GPT), 1 (ViT, diagonal masked)
     attnx_learnable_gamma: bool = False  # AttentionX: γ a learned parameter per head, initialised at attnx_gamma
     attnx_mask_diagonal: bool = False    # AttentionX: no token attends to itself (paper's ViT); needs causal=False
+    attnx_learned_temperature: bool = False  # AttentionX: t·q kᵀ, t learned per layer from 1/√D (LSA's; paper's ViT)
 
 
-class AttentionX(SoftmaxAttention):
+class LearnedTemperature:
+    """
+    softmax(t · q kᵀ + mask) in place of softmax(q kᵀ / √D + mask), t = exp(log_temperature) learned, init 1/√D
+    (LSA's temperature, docs/rules.md#lsa), mixed into a softmax rule (first in its bases). Each softmax path (math,
+    SDPA, flex, the cache) is handed q·t·√D, so it runs unchanged and t keeps its gradient (no score_mod captures
+    it). A layer built without one (log_temperature None) hands q through as it is.
+    """
+
+    def init_temperature(self, learned, per_head=False):  # one t per layer, or one per head
+        shape = (self.n_head,) if per_head else ()
+        self.log_temperature = nn.Parameter(torch.full(shape, -0.5 * math.log(self.head_dim))) if learned else None
+
+    def sharpen(self, q):  # q·t·√D: softmax's q kᵀ/√D then gives t·q kᵀ
+        if self.log_temperature is None:
+            return q
+        scale = (self.log_temperature.exp() * math.sqrt(self.head_dim)).to(q.dtype).view(-1, 1, 1)  # (H or 1, 1, 1)
+        return q * scale
+
+    def attend(self, q, k, v):
+        return super().attend(self.sharpen(q), k, v)
+
+    def attend_fused(self, q, k, v):
+        return super().attend_fused(self.sharpen(q), k, v)
+
+    def attend_flex(self, q, k, v, masks=None):
+        return super().attend_flex(self.sharpen(q), k, v, masks)
+
+    def decode(self, q, k, v, cache):  # the cache keeps k and v as they are: only the new query is scaled
+        return super().decode(self.sharpen(q), k, v, cache)
+
+
+class AttentionX(LearnedTemperature, SoftmaxAttention):
     """
     y = v - γ · softmax(q kᵀ / √D + mask) v      per head, then heads merged and c_proj as usual
     ("AttentionX: Exploiting Consensus Discrepancy In Attention from A Distributed Optimization Perspective",
@@ -458,8 +490,10 @@ class AttentionX(SoftmaxAttention):
     filter, the opposite of the smoothing AV that, stacked over layers, drives rank collapse. The paper keeps
     γ >= 1: γ = 3 for its causal nanoGPT (diagonal kept), γ = 1 for its ViT with the diagonal masked
     (`attnx_mask_diagonal`: a token attends only to the others). γ is fixed, or learned per head
-    (`attnx_learnable_gamma`). A is SoftmaxAttention's, on each of its paths (SDPA, the window, flex, the cache);
-    the masked diagonal is `off_diagonal_mask`, a boolean SDPA mask (no flash).
+    (`attnx_learnable_gamma`). The paper's ViT is an LSA ViT: `attnx_learned_temperature` puts LSA's learned
+    temperature in A, softmax(t·q kᵀ + mask) (LearnedTemperature); with the diagonal masked, A is LSA's exactly.
+    A is SoftmaxAttention's, on each of its paths (SDPA, the window, flex, the cache); the masked diagonal is
+    `off_diagonal_mask`, a boolean SDPA mask (no flash).
     """
 
     def __init__(self, config, layer_idx):
@@ -477,6 +511,7 @@ class AttentionX(SoftmaxAttention):
             self.gamma = nn.Parameter(gamma)  # 1-D, so AdamW does not decay it
         else:
             self.register_buffer('gamma', gamma, persistent=False)
+        self.init_temperature(config.attnx_learned_temperature)  # one t per layer, as the paper's LSA ViT has
 
     def discrepancy(self, v, y):
         # v - γ_h·y in one op (no γ·y temporary: one (B, H, T, D) tensor less at the peak); γ in the activations'
@@ -515,14 +550,15 @@ class TDAConfig:
     tda_kappa: float = 1.0       # TDA: κ > 0, fixed; the threshold's position offset (κ = 1: τ_0 = 0)
     tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
     tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
+    tda_matched: bool = False    # TDA: the views are the halves of each head's q, k (D/2 each): softmax's c_attn (3C)
     tda_chunk_weights: int = 2**18  # TDA math path: weights per head one query tile may hold (that // T queries)
     tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
 
 
 class ThresholdDifferentialAttention(Attention):
     """
-    s_ij = q̂_i·k̂_j,  q̂ = q/‖q‖, k̂ = k/‖k‖        per view t = 1, 2 (two full-width q, k; one v); no 1/√D
-    τ_i  = β·sqrt(2·ln((i+1)/κ)/D)                0-based position i (ViT: one τ for all, (i+1) → N keys)
+    s_ij = q̂_i·k̂_j,  q̂ = q/‖q‖, k̂ = k/‖k‖        per view t = 1, 2 (its own q, k of width d; one v); no 1/√D
+    τ_i  = β·sqrt(2·ln((i+1)/κ)/d)                d = the views' width; 0-based i (ViT: one τ, (i+1) → N keys)
     a_ij = relu(s_ij - τ_i)^p for j <= i, else 0   the causal mask after the threshold
     o_i  = RMSNorm(Σ_j (a¹_ij - λ a²_ij) v_j)      per head, learnable weight
     ("Threshold Differential Attention: Sink-free, Ultra-sparse, and Non-dispersive Long-context Attention",
@@ -532,9 +568,11 @@ class ThresholdDifferentialAttention(Attention):
     weights are exactly 0 elsewhere and nothing forces a row to sum to 1 (no sink). β = exp(log_beta) and
     λ = sigmoid(lambda_logit) are learned per layer; κ and p are fixed; rows with i+1 < κ get τ = 0. The RMSNorm's
     eps (tda_eps) bounds how much a row is amplified: an empty row gives exactly 0. tda_differential=False keeps
-    view 1 only (TRA). Math path: queries in tiles of tda_chunk_weights // T, each recomputed in backward, so
-    memory is linear in T. Flex path: one call, both views on the head axis, τ through the queries (derivation:
-    docs/rules.md#tda). No attention-weight dropout on either path.
+    view 1 only (TRA). The views are full width (d = D, c_attn 5C) or, with tda_matched, the two halves of one q
+    and k per head (d = D/2, c_attn 3C: softmax's parameters, as Diff's views are), each half rotated by RoPE as a
+    head of D/2; v is D wide either way. Math path: queries in tiles of tda_chunk_weights // T, each recomputed in
+    backward, so memory is linear in T. Flex path: one call, both views on the head axis, τ through the queries
+    (derivation: docs/rules.md#tda). No attention-weight dropout on either path.
     """
     has_bidirectional_form, has_cache, has_flex = True, True, True
     projections = ('q1', 'k1', 'q2', 'k2', 'v')
@@ -542,9 +580,19 @@ class ThresholdDifferentialAttention(Attention):
     log_floor = 1e-12  # flex: log's argument is kept >= this, so s = τ exactly never gives 0·∞ = NaN in backward
 
     def __init__(self, config, layer_idx):
-        if not config.tda_differential:
-            self.projections = ('q1', 'k1', 'v')  # set before the frame sizes c_attn from it
+        if config.tda_matched:  # set before the frame sizes c_attn from it
+            self.projections = ('q', 'k', 'v')  # each head's q, k halves are the two views (`split_views`)
+        elif not config.tda_differential:
+            self.projections = ('q1', 'k1', 'v')
         super().__init__(config, layer_idx)
+        if config.tda_matched and not config.tda_differential:
+            raise ValueError("tda_matched=True splits each head's q and k into two views; tda_differential=False has "
+                             "one view, whose c_attn (3C) is softmax's already: pass tda_matched=False")
+        parts = 4 if self.rope is not None else 2  # two halves; with RoPE each half is rotated in pairs of channels
+        if config.tda_matched and self.head_dim % parts:
+            fit = config.n_head * parts * (self.head_dim // parts + 1)
+            raise ValueError(f"tda_matched=True needs a head size n_embd/n_head divisible by {parts}, got "
+                             f"{self.head_dim}; pass e.g. --n_embd={fit}")
         for key, ok, need in [('tda_beta', config.tda_beta > 0, '> 0'), ('tda_kappa', config.tda_kappa > 0, '> 0'),
                               ('tda_lambda', 0 < config.tda_lambda < 1, 'in (0, 1)'), ('tda_p', config.tda_p >= 1, '>= 1'),
                               ('tda_chunk_weights', config.tda_chunk_weights >= 1, '>= 1'),
@@ -552,6 +600,11 @@ class ThresholdDifferentialAttention(Attention):
             if not ok:
                 raise ValueError(f"{key} must be {need}, got {getattr(config, key)}")
         self.differential, self.kappa, self.p = config.tda_differential, config.tda_kappa, config.tda_p
+        self.matched = config.tda_matched
+        self.view_dim = self.head_dim // 2 if self.matched else self.head_dim  # d: q̂·k̂'s width, τ's dimension
+        if self.matched and self.rope is not None:  # each view rotated at its own width (`project`)
+            self.rope = Rotary(self.view_dim, config.block_size, config.rope_base, config.rope_scaling,
+                               config.rope_factor)
         self.chunk_weights = config.tda_chunk_weights  # weights per head one query tile may hold
         self.log_beta = nn.Parameter(torch.tensor(math.log(config.tda_beta)))
         if self.differential:
@@ -563,8 +616,28 @@ class ThresholdDifferentialAttention(Attention):
         """τ per query, (T,): τ_i on the 0-based position i = start..start+T-1; without causality one τ for all,
         from the T keys. Generation passes start = the absolute position of the new token."""
         n = torch.arange(start + 1, start + T + 1, device=device) if self.causal else torch.full((T,), T, device=device)
-        spurious = 2 * torch.log(n.to(self.log_beta.dtype) / self.kappa).clamp_min(0) / self.head_dim
+        spurious = 2 * torch.log(n.to(self.log_beta.dtype) / self.kappa).clamp_min(0) / self.view_dim
         return self.log_beta.exp() * spurious.sqrt()
+
+    def project(self, x, offset=0):
+        if not (self.matched and self.rope is not None):
+            return super().project(x, offset)
+        # matched: each half of q and k rotated as a head of D/2, so that a view's q̂·k̂ depends on positions
+        # through i - j alone (the frame's rotation at D pairs channel c of one view with channel c of the other)
+        q, k, v = [split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=2)]
+        return self.rotate_halves(q, offset), self.rotate_halves(k, offset), v
+
+    def rotate_halves(self, x, offset):  # (B, H, T, D): each head's two halves as 2H heads of D/2, rotated, back
+        halves = x.unflatten(-1, (2, -1)).transpose(2, 3).flatten(1, 2)                # (B, 2H, T, D/2)
+        return self.rope(halves, offset).unflatten(1, (-1, 2)).transpose(2, 3).flatten(3)
+
+    def split_views(self, tensors):
+        """What project returns -> ([q1, k1(, q2, k2)], v): matched, the halves of each head's q and k."""
+        *qk, v = tensors
+        if self.matched:
+            (q, k), d = qk, self.view_dim
+            qk = [q[..., :d], k[..., :d], q[..., d:], k[..., d:]]
+        return qk, v
 
     def view_weights(self, q, k, threshold):  # (B, H, C, D), (B, H, L, D), (C, L) -> (B, H, C, L)
         return (q @ k.transpose(-1, -2) - threshold).relu() ** self.p
@@ -584,8 +657,8 @@ class ThresholdDifferentialAttention(Attention):
         return self.weights([t[:, :, start:end] if i % 2 == 0 else t[:, :, :n_keys] for i, t in enumerate(qk)],
                             threshold)
 
-    def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v), (B, H, T, D) each
-        *qk, v = tensors
+    def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v; matched: q, k, v), (B, H, T, D) each
+        qk, v = self.split_views(tensors)
         qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
         tau = self.threshold(T, v.device)
         tile_output = lambda start, end, n_keys: self.tile_weights(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
@@ -596,13 +669,13 @@ class ThresholdDifferentialAttention(Attention):
     def attend_flex(self, *tensors, masks=None):
         # exp(score_mod) = relu(q̃·k̂ - t_i)^p with q̃ = q̂/d_i, so Σ_j a_ij v_j = d_i^p · y_i · exp(lse_i), y flex's
         # output (d_i = τ_i, or 1 where τ_i = 0; t_i = [τ_i > 0]): nothing captured needs a gradient. λ after flex.
-        *qk, v = tensors
+        qk, v = self.split_views(tensors)
         B, H, T, D = v.shape
         views, p, floor = len(qk) // 2, self.p, self.log_floor
         tau = self.threshold(T, v.device)                                        # (T,)
         passed = tau > 0
         d, t = torch.where(passed, tau, torch.ones_like(tau)), passed.to(v.dtype)  # (T,) each; t needs no gradient
-        q = torch.cat([F.normalize(x, dim=-1) for x in qk[0::2]], 1) / d.to(v.dtype)[:, None]  # (B, views·H, T, D)
+        q = torch.cat([F.normalize(x, dim=-1) for x in qk[0::2]], 1) / d.to(v.dtype)[:, None]  # (B, views·H, T, d)
         k = torch.cat([F.normalize(x, dim=-1) for x in qk[1::2]], 1)
 
         def threshold_score(score, b, h, q_idx, kv_idx):  # log relu(q̃·k̂ - t_i)^p; -inf (weight 0) at or below
@@ -621,11 +694,11 @@ class ThresholdDifferentialAttention(Attention):
         return KVCache()
 
     def fill(self, cache, *tensors):
-        *qk, v = tensors
+        qk, v = self.split_views(tensors)
         cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
 
-    def decode(self, *tensors, cache):  # q1, k1, q2, k2, v of one token, (B, H, 1, D) each
-        *qk, v = tensors
+    def decode(self, *tensors, cache):  # what project returns for one token, (B, H, 1, D) each
+        qk, v = self.split_views(tensors)
         tau = self.threshold(1, v.device, start=cache.pos)  # τ at the new token's absolute position
         cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
         *keys, values = cache.tensors()                      # (B, H, pos, D) each: every key is visible
@@ -635,7 +708,7 @@ class ThresholdDifferentialAttention(Attention):
     def attention_weights(self, *tensors):
         """For analysis: the whole (B, H, T, T) matrix a¹ - λa² from what project returns (short T only): the weights
         before the RMSNorm, which is not linear in v (so the frame's identity-basis weights do not apply)."""
-        *qk, v = tensors
+        qk, v = self.split_views(tensors)
         T = v.size(2)
         return self.tile_weights([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
 
@@ -1838,7 +1911,7 @@ class LSAConfig:
     lsa_per_head: bool = False   # LSA: one learned temperature per layer (AttentionX's base); True: one per head
 
 
-class LocalitySelfAttention(SoftmaxAttention):
+class LocalitySelfAttention(LearnedTemperature, SoftmaxAttention):
     """
     y = softmax(t · q kᵀ + M) v,   M_ij = -inf if i = j else 0,   t = exp(log_temperature), init 1/√D
     ("Vision Transformer for Small-Size Datasets", Lee, Lee, Song 2021, arXiv 2112.13492, Locality Self-Attention;
@@ -1848,8 +1921,9 @@ class LocalitySelfAttention(SoftmaxAttention):
     1/√D: both sharpen the weights onto the other tokens. t is kept as its log, one per layer as in the ViT
     AttentionX builds on (kentaroy47/vision-transformers-cifar10 vit_small), or one per head (`lsa_per_head`, as the
     authors' code has it). ViT only: with causal attention row 0 would see no key. Every path is softmax's with
-    the queries scaled by t·√D (SDPA with the off-diagonal mask, flex with it as a BlockMask), so t keeps its
-    gradient and no score_mod captures it. The paper's other half, Shifted Patch Tokenization, is not here.
+    the queries scaled by t·√D (LearnedTemperature, shared with AttentionX on its LSA base: SDPA with the
+    off-diagonal mask, flex with it as a BlockMask), so t keeps its gradient and no score_mod captures it. The
+    paper's other half, Shifted Patch Tokenization, is not here.
     """
     has_causal_form, has_cache = False, False
 
@@ -1859,21 +1933,7 @@ class LocalitySelfAttention(SoftmaxAttention):
                              f"a GPT): its diagonal is masked, so row 0 would see no key; use it in a ViT")
         super().__init__(config, layer_idx)
         self.mask_mod = off_diagonal_mask
-        shape = (self.n_head,) if config.lsa_per_head else ()
-        self.log_temperature = nn.Parameter(torch.full(shape, -0.5 * math.log(self.head_dim)))  # t = 1/√D
-
-    def sharpen(self, q):  # q·t·√D: softmax's q kᵀ/√D then gives t·q kᵀ
-        scale = (self.log_temperature.exp() * math.sqrt(self.head_dim)).to(q.dtype).view(-1, 1, 1)  # (H or 1, 1, 1)
-        return q * scale
-
-    def attend(self, q, k, v):
-        return super().attend(self.sharpen(q), k, v)
-
-    def attend_fused(self, q, k, v):
-        return super().attend_fused(self.sharpen(q), k, v)
-
-    def attend_flex(self, q, k, v, masks=None):
-        return super().attend_flex(self.sharpen(q), k, v, masks)
+        self.init_temperature(True, per_head=config.lsa_per_head)  # t = 1/√D
 
 
 # -----------------------------------------------------------------------------

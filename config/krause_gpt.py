@@ -1,7 +1,9 @@
 # Krause attention GPT: the official 100M language-model recipe of Krause Synchronization Transformers (arXiv
 # 2602.11534; docs/rules.md#krause), on FineWeb-Edu sample-10BT.
-# 8 layers, 768 wide, 12 heads, MLP 2048, context 1024, tied embeddings, pre-norm; every layer mixes a causal
-# softmax branch and a Krause branch (W=32, k=16, σ₀=2.5) through a per-token gate (mix).
+# 8 layers, 768 wide, 12 heads, MLP 2048, context 1024, tied embeddings, pre-norm, biases in every Linear and
+# LayerNorm (the official language_models_100m code: nn.Linear and nn.LayerNorm at their defaults; only the tied
+# output head has none); every layer mixes a causal softmax branch and a Krause branch (W=32, k=16, σ₀=2.5) through
+# a per-token gate (mix).
 # 8 GPUs:   torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
 # 1 GPU:    python train.py config/krause_gpt.py            (same global batch, 8x the accumulation steps)
 # Pure Krause (no softmax branch):  python train.py config/krause_gpt.py --mix=False
@@ -20,7 +22,7 @@ n_head = 12
 n_embd = 768
 mlp_hidden = 2048
 dropout = 0.1
-bias = False
+bias = True              # as the official model: every Linear (q/k/v/o of both branches, the MLP) and LayerNorm has one
 tie_weights = True
 
 attention = 'krause'

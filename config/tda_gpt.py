@@ -6,6 +6,8 @@
 # 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/tda_gpt.py
 # 1 GPU:   python train.py config/tda_gpt.py            (same global batch, 8x the accumulation steps)
 # Single-view ablation (TRA):  python train.py config/tda_gpt.py --tda_differential=False
+# Matched form (views = the halves of one q, k per head; softmax's parameters + 792):
+#                              python train.py config/tda_gpt.py --tda_matched=True
 # Softmax on the same setup:   python train.py config/tda_gpt.py --attention=softmax
 
 import os
@@ -20,6 +22,8 @@ tda_beta = 1.0           # β, learned per layer
 tda_lambda = 0.5         # λ, learned per layer
 tda_kappa = 1.0          # κ, fixed: τ_0 = 0
 tda_p = 2.0              # p, fixed
+tda_matched = False      # full-width views: 176.43M (+14.18M); the paper's width is unpublished (its name, 162M, fits
+                         # tda_matched=True: views of D/2 = 32, 162.25M; docs/rules.md#tda)
 flex = True              # flex_attention on CUDA (the chunked math path elsewhere)
 
 learning_rate = 1e-3

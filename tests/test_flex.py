@@ -21,12 +21,16 @@ RULES = {  # name: config keys of one layer
     'softmax': dict(attention='softmax'),
     'softmax window': dict(attention='softmax', window=40),
     'attentionx': dict(attention='attentionx', attnx_gamma=3.0, attnx_learnable_gamma=True),
+    'attentionx lsa vit': dict(attention='attentionx', causal=False, grid_size=8, block_size=65,
+                               attnx_mask_diagonal=True, attnx_learned_temperature=True, attnx_learnable_gamma=True),
     'krause': dict(attention='krause', krause_window=32, krause_topk=16),
     'krause W > T': dict(attention='krause', krause_window=256, krause_topk=192),
     'krause vit': dict(attention='krause', causal=False, grid_size=8, krause_topk=3, block_size=65),
     'tda': dict(attention='tda', tda_beta=0.7, tda_kappa=2.0),
     'tda one view': dict(attention='tda', tda_differential=False, tda_p=3.0),
     'tda vit': dict(attention='tda', causal=False, grid_size=8, block_size=65),
+    'tda matched': dict(attention='tda', tda_matched=True, tda_beta=0.7, tda_kappa=2.0),
+    'tda matched vit': dict(attention='tda', tda_matched=True, causal=False, grid_size=8, block_size=65),
     'mix krause': dict(attention='krause', mix=True, krause_window=32, krause_topk=16),
     'mix tda': dict(attention='tda', mix=True),
     'topk': dict(attention='topk', topk_k=16),
@@ -172,7 +176,7 @@ def test_a_compiled_forward_builds_each_mask_once_per_shape(rule, monkeypatch):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize('rule', ['krause', 'tda', 'mix krause'])
+@pytest.mark.parametrize('rule', ['krause', 'tda', 'tda matched', 'mix krause'])
 def test_a_flex_prefill_leaves_the_cache_as_the_math_path_does(rule, monkeypatch):
     torch.manual_seed(0)
     keys = {**RULES[rule], 'krause_window': 16, 'krause_topk': 8}

@@ -33,6 +33,8 @@ CASES = [
     (dict(attention='tda', tda_beta=0.5, tda_lambda=0.3), 1000),  # more survivors per row
     (dict(attention='tda', causal=False), 65),               # the ViT's constant threshold
     (dict(attention='tda', tda_differential=False), 300),
+    (dict(attention='tda', tda_matched=True, tda_beta=0.5), 1000),   # views of D/2 = 32: q, k narrower than v
+    (dict(attention='attentionx', causal=False, attnx_mask_diagonal=True, attnx_learned_temperature=True), 65),
     (dict(attention='topk', topk_k=32), 1000),
     (dict(attention='topk', topk_k=8, causal=False), 65),
     (dict(attention='topk', topk_k=16, window=64), 1000),

@@ -1,6 +1,7 @@
 """Threshold Differential Attention against a slow reference written straight from the formula (docs/rules.md#tda): a
 loop over query rows, explicit thresholds from math.log, the rectified power, the two views, the per-head RMSNorm.
-Float64, forward and gradients (q's, k's, v, β, λ, the RMSNorm weight)."""
+Float64, forward and gradients (q's, k's, v, β, λ, the RMSNorm weight); the full-width views and the matched form,
+whose views are the halves of one q and k per head (softmax's parameters)."""
 import math
 
 import pytest
@@ -14,11 +15,11 @@ from model import GPT, GPTConfig
 
 def tda_reference(views, v, beta, lam, kappa, p, weight, eps, causal):
     """o_i = RMSNorm(Σ_j (a¹_ij - λ a²_ij) v_j), a_ij = relu(q̂_i·k̂_j - τ_i)^p over the visible j."""
-    B, H, T, D = v.shape
+    T, d = v.size(2), views[0][0].size(-1)  # τ's dimension: that of q̂·k̂ (D/2 in the matched form)
     rows = []
     for i in range(T):
         n = i + 1 if causal else T  # ViT: one threshold, from the N = T keys
-        tau = beta * math.sqrt(2 * max(math.log(n / kappa), 0.0) / D)
+        tau = beta * math.sqrt(2 * max(math.log(n / kappa), 0.0) / d)
         js = list(range(i + 1)) if causal else list(range(T))
         y = 0
         for sign, (q, k) in zip([1, -lam], views):
@@ -54,19 +55,32 @@ def parameters(attn):
     return own, attn.log_beta.exp(), lam
 
 
-# (T, queries per chunk, causal, differential, p, κ): T below, at and not a multiple of the chunk; κ > 1 (τ = 0 for
-# early rows)
-CASES = [(13, 4, True, True, 2.0, 1.0), (16, 4, True, True, 2.0, 1.0), (21, 8, False, True, 2.0, 1.0),
-         (9, 64, True, False, 2.0, 1.0), (30, 7, True, True, 3.0, 2.0), (17, 5, False, False, 1.0, 0.5)]
+def reference_views(tensors, matched):
+    """The (q, k) of each view from what project returns: q1, k1(, q2, k2), v; matched: q, k, v, each head's q and k
+    cut into its first and its second half."""
+    if not matched:
+        return list(zip(tensors[:-1:2], tensors[1:-1:2]))
+    q, k, _ = tensors
+    d = q.size(-1) // 2
+    return [(q[..., :d], k[..., :d]), (q[..., d:], k[..., d:])]
 
 
-@pytest.mark.parametrize('T,chunk,causal,differential,p,kappa', CASES)
-def test_matches_reference(T, chunk, causal, differential, p, kappa):
-    attn = make(T, tda_chunk_weights=chunk * T, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa)
+# (T, queries per chunk, causal, differential, p, κ, matched): T below, at and not a multiple of the chunk; κ > 1
+# (τ = 0 for early rows); the matched form (views of D/2) causal and bidirectional
+CASES = [(13, 4, True, True, 2.0, 1.0, False), (16, 4, True, True, 2.0, 1.0, False),
+         (21, 8, False, True, 2.0, 1.0, False), (9, 64, True, False, 2.0, 1.0, False),
+         (30, 7, True, True, 3.0, 2.0, False), (17, 5, False, False, 1.0, 0.5, False),
+         (13, 4, True, True, 2.0, 1.0, True), (21, 8, False, True, 2.0, 1.0, True), (30, 7, True, True, 3.0, 2.0, True)]
+
+
+@pytest.mark.parametrize('T,chunk,causal,differential,p,kappa,matched', CASES)
+def test_matches_reference(T, chunk, causal, differential, p, kappa, matched):
+    attn = make(T, tda_chunk_weights=chunk * T, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa,
+                tda_matched=matched)
     tensors = inputs(len(attn.projections), T)
     y = attn.attend(*tensors)
     own, beta, lam = parameters(attn)
-    views = list(zip(tensors[:-1:2], tensors[1:-1:2]))
+    views = reference_views(tensors, matched)
     ref = tda_reference(views, tensors[-1], beta, lam, kappa, p, attn.head_norm.weight, attn.head_norm.eps, causal)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
     weights = attn.attention_weights(*tensors)
@@ -113,7 +127,8 @@ def test_saves_no_chunk_of_weights_for_backward():
     assert sum(saved) <= 20 * B * H * T * D
 
 
-@pytest.mark.parametrize('kw', [dict(pos_emb='rope'), dict(pos_emb='learned', tda_differential=False)])
+@pytest.mark.parametrize('kw', [dict(pos_emb='rope'), dict(pos_emb='learned', tda_differential=False),
+                                dict(pos_emb='rope', tda_matched=True)])
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='tda',
@@ -121,7 +136,8 @@ def test_gpt_is_causal(kw):
     assert_causal(model, T=40, cut=21)
 
 
-@pytest.mark.parametrize('T,kw', [(200, dict()), (65, dict(causal=False)), (100, dict(tda_differential=False))])
+@pytest.mark.parametrize('T,kw', [(200, dict()), (65, dict(causal=False)), (100, dict(tda_differential=False)),
+                                  (150, dict(tda_matched=True)), (65, dict(causal=False, tda_matched=True))])
 def test_flex_forward_equals_math(T, kw):
     attn = make(T, tda_chunk_weights=32 * T, **kw).float()
     tensors = [t.detach().float() for t in inputs(len(attn.projections), T)]
@@ -156,6 +172,49 @@ def test_single_view_has_three_projections_and_no_lambda():
     assert make(10).c_attn.weight.shape == (5 * 24, 24)
 
 
+def test_matched_form_has_softmax_parameters():
+    # the baby GPT (4 layers x 128, 4 heads of 32, RoPE, biases, 65 characters): full-width views add two C x C
+    # projections and their biases per layer; the matched form adds only what TDA learns beyond softmax: β, λ and
+    # the RMSNorm's weight (D + 2 per layer)
+    def count(**kw):
+        model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=True,
+                              pos_emb='rope', **kw))
+        return sum(p.numel() for p in model.parameters())
+    softmax, full, matched = count(), count(attention='tda'), count(attention='tda', tda_matched=True)
+    assert (softmax, full, matched) == (801_664, 933_896, 801_800)
+    assert full - softmax == 4 * (2 * 128 * 128 + 2 * 128 + 32 + 2) and matched - softmax == 4 * (32 + 2)
+    attn = make(10, tda_matched=True)
+    assert attn.projections == ('q', 'k', 'v') and attn.c_attn.weight.shape == (3 * 24, 24) and attn.view_dim == 4
+
+
+def test_matched_views_see_positions_only_through_their_distance():
+    # RoPE rotates each half as a head of D/2: shifting every position by 7 leaves every view's q̂·k̂, hence the
+    # weights, as they were (the frame's rotation at D, cut in halves afterwards, would not)
+    torch.manual_seed(0)
+    attn = build_attention(AttentionConfig(n_embd=32, n_head=2, block_size=40, attention='tda', pos_emb='rope',
+                                           tda_matched=True, tda_beta=0.3), 0).double()
+    assert attn.rope.head_dim == 8
+    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    here, shifted = attn.attention_weights(*attn.project(x)), attn.attention_weights(*attn.project(x, 7))
+    torch.testing.assert_close(shifted, here, atol=1e-6, rtol=0)  # RoPE's tables are float32
+    assert (here != 0).double().mean() > 0.1 and not torch.equal(attn.project(x)[0], attn.project(x, 7)[0])
+
+
+def test_matched_cached_generation_equals_the_forward():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=False, pos_emb='rope',
+                          attention='tda', tda_matched=True, tda_beta=0.5)).double().eval()
+    prompt = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(1))
+    tokens = model.generate(prompt, 40, temperature=0)  # 56 > block_size: past the trained context
+    assert torch.equal(tokens, model.generate(prompt, 40, temperature=0, use_cache=False))
+    cache = model.new_cache(2)
+    with torch.no_grad():
+        logits, _ = model(tokens[:, :16], cache=cache)
+        for t in range(16, 56):
+            torch.testing.assert_close(logits, model(tokens[:, :t])[0], atol=1e-10, rtol=0)
+            logits, _ = model(tokens[:, t:t + 1], cache=cache)
+
+
 def test_initial_values_and_vit():
     from vit import ViT, ViTConfig
     torch.manual_seed(0)
@@ -184,6 +243,16 @@ def test_initial_values_and_vit():
 def test_bad_settings_fail_at_construction(kw, match):
     with pytest.raises(ValueError, match=match):
         build_attention(AttentionConfig(n_embd=24, n_head=3, attention='tda', **kw), 0)
+
+
+@pytest.mark.parametrize('kw,match', [
+    (dict(n_embd=24, tda_differential=False), "tda_matched=True splits each head's q and k into two views"),
+    (dict(n_embd=27), 'tda_matched=True needs a head size n_embd/n_head divisible by 2, got 9; pass e.g. --n_embd=30'),
+    (dict(n_embd=18, pos_emb='rope'), 'needs a head size n_embd/n_head divisible by 4, got 6; pass e.g. --n_embd=24'),
+])
+def test_bad_matched_settings_fail_at_construction(kw, match):
+    with pytest.raises(ValueError, match=match):
+        build_attention(AttentionConfig(n_head=3, attention='tda', tda_matched=True, **kw), 0)
 
 
 def test_train_py_learns_recall_with_tda(tmp_path):
