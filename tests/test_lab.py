@@ -1,16 +1,25 @@
 """The lab's table (studies/ablate.py): every rule on every system with one command, at the tiny budget. A table is
 written with a number in every cell; running it again trains nothing and writes the same table; a table killed in
 the middle of a run goes on to the same numbers; a rule a reader registers is a row with no change to the lab; a run
-that fails holds its error line in its cell while the others go on. (Bad input: tests/test_script_errors.py.)"""
+that fails holds its error line in its cell while the others go on. A paper's table (--table) runs its rows on
+equal terms (one position encoding and shape, read back from the checkpoints), each cell with its model's own
+parameter count and its attention FLOPs (counted, and the closed form); a difference beyond twice the combined spread
+of the seeds is marked; an unknown table, or a rule it has no row for, is one error line before any run. (Other bad
+input: tests/test_script_errors.py.)"""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
+import torch
+
 from conftest import ROOT, readme_rule_source, run_forked, run_script
+from model import GPT, GPTConfig
 
 TINY = ['--budget=tiny', '--systems=recall,passkey', '--rules=softmax,krause']
 
@@ -94,3 +103,103 @@ def test_a_cell_of_two_seeds_is_the_mean_and_half_the_range(monkeypatch):
     passkey = {'status': 'ok', 'seeds': {'1': {**run(0, 1.0), 'metrics': {'acc_1x': 1.0, 'acc_2x': 0.5, 'acc_4x': 0.0}}}}
     assert ablate.cell_text(passkey, 'passkey') == '1.000 / 0.500 / 0.000<br>2 s, 100 tok/s'
     assert ablate.cell_text({'status': 'n/a', 'why': 'n/a: a | b'}, 'vit') == 'n/a: a / b'  # a table cell stays one
+
+
+# -----------------------------------------------------------------------------
+# the papers' tables (--table): equal terms, each cell's parameters and FLOPs, seeds and what holds
+
+
+def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_model(tmp_path):
+    source = tmp_path / 'input.txt'
+    source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    lab = tmp_path / 'lab'
+    out = run_script('studies/ablate.py', '--table=tda', '--rules=softmax,tda', '--budget=tiny',
+                     f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
+    rows = json.loads((lab / 'tda' / 'table.json').read_text())['rows']
+    assert list(rows) == ['softmax', 'tda'] and all(r['text']['status'] == 'ok' for r in rows.values()), out
+    shapes, params = {}, {}
+    for row in rows:
+        folder = lab / 'tda' / 'text' / f'{row}-s1337'  # a table's runs in a folder of its own
+        model_args = torch.load(folder / 'ckpt.pt', map_location='cpu', weights_only=True)['model_args']
+        shapes[row] = {k: model_args[k] for k in ('pos_emb', 'n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size',
+                                                  'mlp_hidden', 'bias', 'tie_weights')}
+        metrics = rows[row]['text']['seeds']['1337']['metrics']  # tiny: one seed
+        printed = re.search(r"^parameters: ([\d,]+)", (folder / 'train.log').read_text(), re.M).group(1)
+        params[row] = sum(p.numel() for p in GPT(GPTConfig(**model_args)).parameters())
+        assert metrics['params'] == params[row] == int(printed.replace(',', ''))  # the model's own count
+        assert model_args['attention'] == row
+    assert shapes['softmax'] == shapes['tda'] and shapes['tda']['pos_emb'] == 'rope', shapes  # RoPE for both rows
+    C, D, T = 32, 16, 32  # the tiny text system: 1 layer of 2 heads, no biases
+    assert params['tda'] - params['softmax'] == 2 * C * C + 2 + D  # the second view's q, k; log β, λ; the RMSNorm
+    softmax, tda = (rows[row]['text']['seeds']['1337']['metrics'] for row in ('softmax', 'tda'))
+    assert softmax['flops_counted'] == 4 * C * T and softmax['flops_ideal'] == 2 * C * (T + 1)  # SDPA: all T×T
+    assert tda['flops_counted'] == 6 * C * T and tda['flops_ideal'] == 6 * C * (T + 1) / 2  # 2 score maps + W v
+    assert softmax['sparsity'] == 0.0 and 0.0 <= tda['sparsity'] <= 1.0  # analyze.py's, on the same val batch
+    assert softmax['sink_ratio'] > 0 and tda['sink_ratio'] >= 0
+    text = (lab / 'tda' / 'table.md').read_text()
+    assert "Every row: `config/shakespeare_char.py" in text and "--pos_emb=rope`, then its own arguments." in text
+    assert f"| tda | `--attention=tda --tda_beta=0.5` | {tda['val_loss']:.4f} | {tda['sparsity']:.3f} |" in text
+    assert "**text**, val loss (lower is better), against softmax: one seed, not told from noise: tda." in text
+
+
+def test_the_flops_counted_for_softmax_equal_its_closed_form():
+    from attention import AttentionConfig, build_attention
+    from support.flops import counted_flops, ideal_flops
+    T, C, H = 24, 32, 4
+    full = build_attention(AttentionConfig(n_embd=C, n_head=H, block_size=T, causal=False), 0).eval()
+    assert counted_flops(full, T) == ideal_flops(full, T) == 4 * C * T  # each query: T keys scored, T values summed
+    causal = build_attention(AttentionConfig(n_embd=C, n_head=H, block_size=T), 0).eval()
+    assert ideal_flops(causal, T) == 2 * C * (T + 1)  # per head 2·D·(i+1)·2 for query i, (T+1)/2 keys on average
+    assert counted_flops(causal, T) == 4 * C * T  # SDPA is counted whole, T×T, as the math path computes it
+    causal.fused = False  # the math path: the T×T scores and weights as two matmuls
+    assert counted_flops(causal, T) == 4 * C * T
+    W = 8  # a window: the ideal counts min(i+1, W) keys, the band computes whole tiles of them
+    window = build_attention(AttentionConfig(n_embd=C, n_head=H, block_size=T, window=W), 0).eval()
+    keys = sum(min(i + 1, W) for i in range(T))
+    assert ideal_flops(window, T) == pytest.approx(4 * C * keys / T, rel=1e-12)
+    assert counted_flops(window, T) > ideal_flops(window, T)
+
+
+def test_a_paper_table_marks_a_difference_beyond_twice_the_combined_spread(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
+    from studies import ablate
+    monkeypatch.setattr(ablate, 'table', 'krause_lm')  # its text system: val loss, parameters, FLOPs
+    run = lambda loss: {'metrics': {'val_loss': loss, 'params': 801664, 'flops_counted': 4096.0,
+                                    'flops_ideal': 2112.0}, 'train_wall_s': 9.0, 'score_wall_s': 1.0, 'rate': 100.0,
+                        'rate_unit': 'tok/s'}
+    cell = lambda *losses: {'text': {'status': 'ok', 'own': '--attention=x', 'seeds': {str(1337 + i): run(loss)
+                                                                                      for i, loss in enumerate(losses)}}}
+    cells = {'softmax': cell(1.0, 1.1, 1.2),   # 1.1 ± 0.1 (the sample standard deviation, ddof=1)
+             'window': cell(0.5, 0.6, 0.7),    # 0.6 ± 0.1: |0.6 - 1.1| = 0.5 > 2·sqrt(0.1² + 0.1²) = 0.28
+             'topk': cell(1.0, 1.2, 1.4),      # 1.2 ± 0.2: |1.2 - 1.1| = 0.1 < 2·sqrt(0.1² + 0.2²) = 0.45
+             'routing': cell(1.5, 1.6, 1.7),   # 1.6 ± 0.1: higher beyond noise
+             'krause': cell(1.05)}             # one seed: no spread to compare with
+    metrics, first = ablate.table_metrics('text'), cells['softmax']['text']
+    line = lambda row: ablate.table_line(row, cells[row]['text'], first, metrics)
+    assert line('softmax') == '| softmax | `--attention=x` | 1.1000 ± 0.1000 | 801,664 | 4.1k · 2.11k | 10 s, 100 tok/s |'
+    assert line('window').startswith('| window | `--attention=x` | 0.6000 ± 0.1000* | 801,664 |')
+    assert line('topk').startswith('| topk | `--attention=x` | 1.2000 ± 0.2000 | 801,664 |')
+    assert line('routing').startswith('| routing | `--attention=x` | 1.6000 ± 0.1000* |')
+    assert line('krause').startswith('| krause | `--attention=x` | 1.0500 | 801,664 |')
+    assert ablate.holds('text', list(cells), cells, 'val_loss', 'val loss') == (
+        "**text**, val loss (lower is better), against softmax: lower beyond noise: window; higher beyond noise: "
+        "routing; within noise: topk; one seed, not told from noise: krause.")
+    failed = {'status': 'failed', 'own': '--attention=x', 'why': 'error: a | b'}
+    assert ablate.table_line('topk', failed, first, metrics) == '| topk | `--attention=x` | error: a / b | | | |'
+
+
+def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_run(tmp_path):
+    lab = tmp_path / 'lab'
+    cases = [(['--table=nope'], "error: table='nope' is not a table; pass --table=NAME, one of tda, krause_lm, "
+                                "krause_vision, krause_images, krause_llm, attentionx, cluster, or leave it out for "
+                                "every rule on every system"),
+             (['--table=tda', '--rules=softmax,window'], "error: rules: unknown name(s) window (not in table tda); "
+              "pass e.g. --rules=softmax,gated (valid: softmax, gated, entmax, rela, diff, dex, tda, tra)"),
+             (['--table=attentionx', '--systems=vit', '--rules=softmax'], "error: rules: unknown name(s) softmax (not "
+              "in table attentionx); pass e.g. --rules=lsa,attentionx (valid: lsa, attentionx)"),
+             (['--table=tda', '--systems=vit'], "error: systems: unknown name(s) vit (not in table tda); pass e.g. "
+                                                "--systems=text (valid: text)")]
+    results = run_forked(*[{'argv': ['studies/ablate.py', *args, f'--out_root={lab}']} for args, _ in cases])
+    for (code, out), (_, error) in zip(results, cases):
+        assert code == 1 and [line for line in out.splitlines() if line.startswith('error:')] == [error], out
+    assert not lab.exists()  # nothing was made, nothing trained
