@@ -243,7 +243,9 @@ def test_scrolls_rouge_tasks_score_rouge_as_scrolls_does(tmp_path):
                    GOVREPORT[1]['input'] + SUMMARY: 'costs rose sharply',
                    "Anna: the blue one is cheaper. Ben: then we take the blue remote.\n\nQuestion: What did the group "
                    "decide?\nAnswer:": 'they chose the blue remote'}  # QMSum: the text, then its query
-    for task, rows, expected in (('govreport_scrolls', GOVREPORT, govreport), ('qmsum_scrolls', QMSUM, qmsum)):
+    cases = [('govreport_scrolls', GOVREPORT, govreport), ('summscreenfd_scrolls', GOVREPORT, govreport),  # one prompt
+             ('qmsum_scrolls', QMSUM, qmsum)]
+    for task, rows, expected in cases:
         scorer = TableScorer(generations)
         result = scrolls_results(tmp_path, task, rows, scorer)
         until_newline = {'until': ['\n'], 'max_gen_toks': 256}  # as the harness's scrolls_*
