@@ -4,16 +4,16 @@ Score a GPT checkpoint with EleutherAI's lm-evaluation-harness (lm_eval), any at
 $ python studies/harness.py --out_dir=DIR --tasks=hellaswag,arc_easy                 # harness tasks (their data: the hub)
 $ python studies/harness.py --out_dir=DIR --tasks=hellaswag_nanogpt --hellaswag_source=hellaswag_val.jsonl   # local tasks
 $ python studies/harness.py --out_dir=DIR --tasks=text_rolling --text_source=doc.txt  # rolling log-likelihood, perplexity
-$ python studies/harness.py --out_dir=DIR --tasks=quality_scrolls,contractnli_scrolls  # SCROLLS' multiple choice (hub)
+$ python studies/harness.py --out_dir=DIR --tasks=qmsum_scrolls,summscreenfd_scrolls,govreport_scrolls,qasper_scrolls
 
 Writes the harness's results as DIR/harness.json and its table as DIR/harness.md. The local tasks (lm_tasks/):
 hellaswag_local (the harness's hellaswag over a local jsonl), hellaswag_nanogpt (hellaswag.py's strings: ctx + " " +
-ending), text_rolling (a local txt, one document, or jsonl with a `text` column), and quality_scrolls /
-contractnli_scrolls (SCROLLS' two multiple-choice tasks from the hub, or a local jsonl of its schema: id, pid, input,
-output; the harness's own scrolls_* tasks do not import beside transformers 5). SCROLLS' documents are long: a
-model sees the last block_size tokens of each prompt (the left crop below), so they measure long context only where
-block_size is long (an extension with --rope_scaling: docs/rules.md). The harness is an optional extra
-(requirements-extras.txt), imported only here; the scoring (GPTScorer) is plain PyTorch:
+ending), text_rolling (a local txt, one document, or jsonl with a `text` column), and SCROLLS, scored as SCROLLS
+scores it: quality_scrolls, contractnli_scrolls (acc), qasper_scrolls (F1), qmsum_scrolls, summscreenfd_scrolls,
+govreport_scrolls (ROUGE, rouge-score), from the hub or a local jsonl of one task's schema (id, pid, input, output;
+the harness's scrolls_* do not import beside transformers 5). A model sees the last block_size tokens of a prompt
+(the left crop below): SCROLLS measures long context only where block_size is long (--rope_scaling: docs/rules.md).
+The harness is an optional extra (requirements-extras.txt), imported only here; the scoring (GPTScorer) is plain PyTorch:
 - loglikelihood: context + continuation cropped from the left to block_size + 1 tokens, the last left out of the
   input (the harness's convention); an empty context is the EOT token. Batched, right-padded (the model is causal).
 - loglikelihood_rolling: the text after one EOT, in disjoint windows of block_size predicted tokens (the last
@@ -45,7 +45,7 @@ use_cache = True            # generate_until with the rule's KV cache; False rec
 include_path = ''           # a folder of your own task YAMLs, beside lm_tasks/
 hellaswag_source = ''       # a local hellaswag_val.jsonl, for hellaswag_local and hellaswag_nanogpt
 text_source = ''            # a local txt (one document) or jsonl (`text` column), for text_rolling
-scrolls_source = ''         # a local jsonl of SCROLLS' schema for quality_scrolls, contractnli_scrolls ('': the hub)
+scrolls_source = ''         # a local jsonl of SCROLLS' schema for the one *_scrolls task named ('': each from the hub)
 bootstrap_iters = 100000    # the harness's bootstrap for the stderr of perplexities; 0 skips it
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -54,7 +54,8 @@ dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported
 TASKS_DIR = Path(__file__).resolve().parent / 'lm_tasks'
 LOCAL_TASKS = {'hellaswag_local': 'hellaswag_source', 'hellaswag_nanogpt': 'hellaswag_source',
                'text_rolling': 'text_source'}  # local task -> the key that names its file
-SCROLLS_TASKS = ('quality_scrolls', 'contractnli_scrolls')  # lm_tasks/: the hub, or --scrolls_source
+ROUGE_TASKS = ('qmsum_scrolls', 'summscreenfd_scrolls', 'govreport_scrolls')  # scored with Google's rouge-score
+SCROLLS_TASKS = ('quality_scrolls', 'contractnli_scrolls', 'qasper_scrolls', *ROUGE_TASKS)  # hub or scrolls_source
 
 
 class GPTScorer:
@@ -206,6 +207,10 @@ def check_harness_settings(c):
         key = LOCAL_TASKS.get(name)
         if key and not c[key]:
             raise ValueError(f"task {name} reads a local file: pass --{key}=PATH")
+    scrolls = [name for name in names if name in SCROLLS_TASKS]
+    if c['scrolls_source'] and len(scrolls) > 1:  # each task would read the same rows as its own
+        raise ValueError(f"scrolls_source={c['scrolls_source']} is one task's rows, and tasks names {len(scrolls)} "
+                         f"SCROLLS tasks ({', '.join(scrolls)}); pass one per run with its own --scrolls_source")
     for key in ('hellaswag_source', 'text_source', 'scrolls_source', 'include_path'):
         if c[key] and not os.path.exists(c[key]):
             raise ValueError(f"{key}={c[key]} does not exist; pass the path of an existing "
@@ -260,6 +265,13 @@ def main():
     except ImportError:
         raise SystemExit("error: harness.py needs EleutherAI's lm-evaluation-harness: pip install -r "
                          "requirements-extras.txt (lm-eval==0.4.13)")
+    rouge = [name for name in names if name in ROUGE_TASKS]
+    if rouge:
+        try:
+            import rouge_score  # noqa: F401
+        except ImportError:
+            raise SystemExit(f"error: {', '.join(rouge)}: SCROLLS scores these with Google's ROUGE; pip install -r "
+                             f"requirements-extras.txt (rouge-score==0.1.2)")
     torch.manual_seed(seed)
     paths = [str(TASKS_DIR)] + ([include_path] if include_path else [])
     metadata = {key: os.path.abspath(globals()[key]) if globals()[key] else ''

@@ -1,6 +1,7 @@
 """harness.py: any GPT checkpoint as an lm-evaluation-harness model, on local tasks (no download). Its HellaSwag
 log-likelihoods equal hellaswag.py's, its rolling log-likelihood equals train.py --eval_full's loss on the same
-windows, its answers do not depend on the batch size or the KV cache, and every kind of rule goes through it."""
+windows, its answers do not depend on the batch size or the KV cache, and every kind of rule goes through it.
+SCROLLS through it: its prompts, and its scores (accuracy, F1, ROUGE) equal the same scores worked out by hand."""
 import json
 import math
 import re
@@ -88,10 +89,11 @@ def test_script_writes_results_and_table(run):
     assert 0 < bits < 20 and math.isfinite(bits)
     table = (root / 'out' / 'harness.md').read_text()
     assert '|hellaswag_nanogpt|' in table.replace(' ', '') and 'bits_per_byte' in table
-    out = run_script('studies/harness.py', f'--out_dir={root / "no_run"}', '--tasks=hellaswag_nanogpt,arc_eazy',
-                     f'--hellaswag_source={HELLASWAG}', check=False)  # named before the (missing) model is loaded
-    assert out.strip().splitlines()[-1] == ("error: tasks: arc_eazy is no task the harness knows; did you mean "
-                                            "arc_easy? (lm_eval ls tasks lists them)")
+    out = run_script('studies/harness.py', f'--out_dir={root / "no_run"}',
+                     '--tasks=hellaswag_nanogpt,arc_eazy,qmsum_scrols', f'--hellaswag_source={HELLASWAG}',
+                     check=False)  # named before the (missing) model is loaded
+    assert out.strip().splitlines()[-1] == ("error: tasks: arc_eazy, qmsum_scrols is no task the harness knows; did "
+                                            "you mean arc_easy? (lm_eval ls tasks lists them)")
 
 
 RULES = [dict(attention='softmax'), dict(attention='tda', pos_emb='rope', tie_weights=False),
@@ -183,3 +185,159 @@ def test_scrolls_through_the_harness_offline_on_rows_the_test_writes(run, tmp_pa
             lls = [ll for ll, _ in s.loglikelihood([(prompt, ' ' + c) for c in choices])]
             correct += int(max(range(len(choices)), key=lls.__getitem__) == choices.index(row['output']))
         assert result['sample_len'] == len(questions) and result['acc,none'] == correct / len(questions), out
+
+
+class TableScorer:
+    """A scorer whose answers the test writes: each prompt's generation from `generations`, each continuation's
+    log-likelihood from `loglikelihoods`; `asked` keeps every request the harness made, in order."""
+
+    def __init__(self, generations, loglikelihoods=None):
+        self.generations, self.loglikelihoods, self.asked = generations, loglikelihoods or {}, []
+
+    def generate_until(self, requests):
+        self.asked += [(context, kwargs) for context, kwargs in requests]
+        return [self.generations[context] for context, _ in requests]
+
+    def loglikelihood(self, pairs):
+        self.asked += list(pairs)
+        return [(self.loglikelihoods[continuation], False) for _, continuation in pairs]
+
+
+def scrolls_results(tmp_path, task, rows, scorer):
+    """harness_check.run_harness on one SCROLLS task over the rows, written as a local jsonl of SCROLLS' schema."""
+    from harness_check import run_harness
+    path = tmp_path / f'{task}.jsonl'
+    path.write_text(''.join(json.dumps(row) + '\n' for row in rows))
+    return run_harness(scorer, [task], {'scrolls_source': str(path)})['results'][task]
+
+
+SUMMARY = "\n\nQuestion: What is a summary of the preceding text?\nAnswer:"  # SCROLLS' summary prompt, after the text
+GOVREPORT = [
+    {'id': 'g1', 'pid': 'g1_0', 'input': 'In 2020 the agency received 4 billion dollars and spent most of it on roads '
+     'and bridges.', 'output': 'The agency spent the money on roads.'},
+    {'id': 'g2', 'pid': 'g2_0', 'input': 'Costs for the program rose from 10 to 14 million dollars over two years.',
+     'output': 'Costs rose.'},
+]
+MEETING = 'What did the group decide?\n\nAnna: the blue one is cheaper. Ben: then we take the blue remote.'
+QMSUM = [{'id': 'm1', 'pid': 'm1_0', 'input': MEETING, 'output': 'The group chose a blue remote.'},
+         {'id': 'm1', 'pid': 'm1_1', 'input': MEETING, 'output': 'The blue design.'}]  # one query, two references
+
+
+@needs_harness
+def test_scrolls_rouge_tasks_score_rouge_as_scrolls_does(tmp_path):
+    pytest.importorskip('rouge_score', reason="rouge-score is not installed: pip install -r requirements-extras.txt")
+    # ROUGE by hand (rouge-score's words: lower case, letters and digits; no stemmer, as SCROLLS). F = 2 overlap /
+    # (words of the prediction + words of the reference); ROUGE-L's overlap is the longest common subsequence.
+    # g1: "the agency spent money on new road" (7 words) against "the agency spent the money on roads" (7), road not
+    #   roads (no stemmer): unigrams the agency spent money on: 5 -> 10/14; bigrams the-agency agency-spent money-on:
+    #   3 of 6 and 6 -> 6/12; LCS the agency spent money on: 5 -> 10/14
+    # g2: "costs rose sharply" (3) against "costs rose" (2): unigrams 2 -> 4/5; bigram costs-rose: 1 of 2 and 1 -> 2/3;
+    #   LCS 2 -> 4/5
+    govreport = {'rouge1': (5 / 7 + 4 / 5) / 2, 'rouge2': (1 / 2 + 2 / 3) / 2, 'rougeL': (5 / 7 + 4 / 5) / 2}
+    # m1: "they chose the blue remote" (5) against A "the group chose a blue remote" (6) and B "the blue design" (3):
+    #   unigrams: A the chose blue remote 4 -> 8/11, B the blue 2 -> 4/8; bigrams (4 in the prediction): A
+    #   blue-remote 1 of 5 -> 2/9, B the-blue 1 of 2 -> 2/6; LCS: A chose blue remote 3 -> 6/11, B the blue 2 -> 4/8.
+    #   The best of each on its own: ROUGE-1 and -L from A, ROUGE-2 from B.
+    qmsum = {'rouge1': 8 / 11, 'rouge2': 1 / 3, 'rougeL': 6 / 11}
+    generations = {GOVREPORT[0]['input'] + SUMMARY: 'the agency spent money on new road',
+                   GOVREPORT[1]['input'] + SUMMARY: 'costs rose sharply',
+                   "Anna: the blue one is cheaper. Ben: then we take the blue remote.\n\nQuestion: What did the group "
+                   "decide?\nAnswer:": 'they chose the blue remote'}  # QMSum: the text, then its query
+    cases = [('govreport_scrolls', GOVREPORT, govreport), ('summscreenfd_scrolls', GOVREPORT, govreport),  # one prompt
+             ('qmsum_scrolls', QMSUM, qmsum)]
+    for task, rows, expected in cases:
+        scorer = TableScorer(generations)
+        result = scrolls_results(tmp_path, task, rows, scorer)
+        until_newline = {'until': ['\n'], 'max_gen_toks': 256}  # as the harness's scrolls_*
+        assert [kwargs for _, kwargs in scorer.asked] == [until_newline] * len({row['id'] for row in rows})
+        for key, value in expected.items():
+            assert result[f'{key},none'] == pytest.approx(100 * value, abs=1e-9), (task, key)
+        # SCROLLS' score: the geometric mean of the three means, not the mean of each document's geometric mean
+        assert result['rouge_geometric_mean,none'] == pytest.approx(
+            100 * (expected['rouge1'] * expected['rouge2'] * expected['rougeL']) ** (1 / 3), abs=1e-9)
+    assert result['sample_len'] == 1  # QMSum's two rows of one id: one query, scored against both references
+
+
+QASPER = [  # a yes/no question (its every reference yes or no), an extractive one, an unanswerable one
+    {'id': 'a1', 'pid': 'a1_0', 'input': 'Is the model trained on English?\n\nWe train it on English news.',
+     'output': 'Yes'},
+    {'id': 'a1', 'pid': 'a1_1', 'input': 'Is the model trained on English?\n\nWe train it on English news.',
+     'output': 'yes.'},
+    {'id': 'a2', 'pid': 'a2_0', 'input': 'Which model do they use?\n\nThey fine-tune BERT on SQuAD data.',
+     'output': 'a BERT model'},
+    {'id': 'a2', 'pid': 'a2_1', 'input': 'Which model do they use?\n\nThey fine-tune BERT on SQuAD data.',
+     'output': 'BERT fine-tuned on SQuAD data'},
+    {'id': 'a3', 'pid': 'a3_0', 'input': 'What is the learning rate?\n\nThe paper does not say.',
+     'output': 'Unanswerable'},
+]
+
+
+def qasper_prompt(row):
+    question, text = row['input'].split('\n\n', 1)
+    return f"{text}\n\nQuestion: {question}\nAnswer:"
+
+
+def squad_f1(prediction, reference):
+    """SCROLLS' F1 (SQuAD's), written out: lower case, punctuation dropped, then the articles, words counted."""
+    def words(text):
+        text = ''.join(ch for ch in text.lower() if ch not in '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~')
+        return [word for word in text.split() if word not in ('a', 'an', 'the')]
+    predicted, wanted = words(prediction), words(reference)
+    same = sum(min(predicted.count(word), wanted.count(word)) for word in set(predicted))
+    return 0.0 if same == 0 else 2 * same / (len(predicted) + len(wanted))
+
+
+@needs_harness
+def test_qasper_scores_f1_as_scrolls_does(tmp_path):
+    a1, _, a2, _, a3 = (qasper_prompt(row) for row in QASPER)
+    scorer = TableScorer({a2: 'The BERT model, fine-tuned on SQuAD', a3: '  '}, {' yes': -1.0, ' no': -2.0})
+    result = scrolls_results(tmp_path, 'qasper_scrolls', QASPER, scorer)
+    until_newline = {'until': ['\n'], 'max_gen_toks': 256}
+    assert sorted(scorer.asked) == sorted([(a1, ' yes'), (a1, ' no'), (a2, until_newline), (a3, until_newline)])
+    # a1: ' yes' is likelier -> "yes" against "Yes", "yes.": 1. a2: "bert model finetuned on squad" (5 words) against
+    # "bert model" (2): 2 shared -> 4/7, against "bert finetuned on squad data" (5): 4 shared -> 8/10; the best: 4/5.
+    # a3: an empty generation reads "Unanswerable": 1.
+    assert result['f1,none'] == pytest.approx(100 * (1 + 4 / 5 + 1) / 3, abs=1e-9) and result['sample_len'] == 3
+    assert squad_f1('The BERT model, fine-tuned on SQuAD', 'BERT fine-tuned on SQuAD data') == pytest.approx(4 / 5)
+
+
+@needs_harness
+def test_qasper_through_the_script_equals_f1_by_hand(run, tmp_path):
+    from studies import harness
+    root, _ = run
+    path = tmp_path / 'qasper.jsonl'
+    path.write_text(''.join(json.dumps(row) + '\n' for row in QASPER))
+    out = run_script('studies/harness.py', f'--out_dir={root / "out"}', '--tasks=qasper_scrolls',
+                     f'--scrolls_source={path}', '--bootstrap_iters=0', '--device=cpu')
+    result = json.loads((root / 'out' / 'harness.json').read_text())['results']['qasper_scrolls']
+    # the same questions by hand on the same model: ' yes' against ' no', else the greedy answer up to a newline
+    s = scorer(harness.load_bpe_run(str(root / 'out' / 'ckpt.pt')).model)
+    prompts, references = {row['id']: qasper_prompt(row) for row in QASPER}, {}
+    for row in QASPER:
+        references.setdefault(row['id'], []).append(row['output'])
+    (yes, _), (no, _) = s.loglikelihood([(prompts['a1'], ' yes'), (prompts['a1'], ' no')])  # a1: yes or no
+    texts = s.generate_until([(prompts[q], {'until': ['\n'], 'max_gen_toks': 256}) for q in ('a2', 'a3')])  # batched
+    answers = {'a1': ' yes' if yes > no else ' no', **{q: text if text.strip() else 'Unanswerable'
+                                                       for q, text in zip(('a2', 'a3'), texts)}}
+    f1 = [100 * max(squad_f1(answers[q], r) for r in references[q]) for q in answers]
+    assert result['sample_len'] == 3 and result['f1,none'] == pytest.approx(sum(f1) / 3, abs=1e-9), out
+    assert '|f1|' in (root / 'out' / 'harness.md').read_text().replace(' ', '')
+
+
+@needs_harness
+def test_scrolls_bad_input_is_one_line(tmp_path):
+    path = tmp_path / 'qmsum.jsonl'
+    path.write_text(''.join(json.dumps(row) + '\n' for row in QMSUM))
+    blocked = ['', '', 0, "import sys; sys.modules['rouge_score'] = None"]  # rouge-score not installed
+    (_, out), = run_forked({'argv': ['studies/harness.py', f'--out_dir={tmp_path}', '--tasks=qmsum_scrolls',
+                                     f'--scrolls_source={path}'], 'fault': blocked})
+    assert out.strip().splitlines()[-1] == ("error: qmsum_scrolls: SCROLLS scores these with Google's ROUGE; pip "
+                                            "install -r requirements-extras.txt (rouge-score==0.1.2)")
+    out = run_script('studies/harness.py', f'--out_dir={tmp_path}', '--tasks=qmsum_scrolls,qasper_scrolls',
+                     f'--scrolls_source={path}', check=False)
+    assert out.strip().splitlines()[-1] == (f"error: scrolls_source={path} is one task's rows, and tasks names 2 "
+                                            f"SCROLLS tasks (qmsum_scrolls, qasper_scrolls); pass one per run with "
+                                            f"its own --scrolls_source")
+    out = run_script('studies/harness.py', f'--out_dir={tmp_path}', '--tasks=qasper_scrolls',
+                     f'--scrolls_source={tmp_path / "no.jsonl"}', check=False)
+    assert out.strip().splitlines()[-1].startswith(f"error: scrolls_source={tmp_path / 'no.jsonl'} does not exist")

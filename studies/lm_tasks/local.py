@@ -1,12 +1,17 @@
 """The local tasks' documents, read from the files harness.py names in the task metadata (hellaswag_source,
 text_source, scrolls_source): the harness calls these as each YAML's custom_dataset, with the metadata as keyword
-arguments. SCROLLS' multiple-choice tasks are written here too (its prompts, after Shaham et al. 2022), from the hub
-or a local jsonl: the harness's own scrolls_* tasks import a module that transformers 5 removed."""
+arguments. SCROLLS' tasks are written here too (the harness's scrolls_* prompts and requests, SCROLLS' own F1 and
+ROUGE), from the hub or a local jsonl: the harness's own scrolls_* tasks import a module that transformers 5 removed."""
 import json
+import math
 import re
+import string
+from collections import Counter
 from pathlib import Path
 
 import datasets
+from lm_eval.api.instance import Instance
+from lm_eval.api.task import ConfigurableTask
 
 
 def hellaswag_rows(hellaswag_source='', **kwargs):
@@ -79,3 +84,87 @@ def contractnli_docs(dataset):
         return {'question': question, 'text': text, 'choices': CONTRACTNLI_CHOICES,
                 'gold': CONTRACTNLI_CHOICES.index(doc['outputs'][0])}
     return dataset.map(process)
+
+
+def question_docs(dataset):
+    """QMSum, Qasper: the query, then the text (SCROLLS prepends the query with a blank line between them)."""
+    def process(doc):
+        question, text = split_question(doc)
+        return {'question': question, 'text': text}
+    return dataset.map(process)
+
+
+def qasper_docs(dataset):
+    """Qasper: a question whose every reference is yes or no (after SQuAD's normalisation) is a yes/no question."""
+    return question_docs(dataset).map(lambda doc: {'is_yes_no': all(normalize_answer(o) in ('yes', 'no')
+                                                                    for o in doc['outputs'])})
+
+
+def joined_outputs(doc):
+    """The few-shot answer: every reference, comma-separated, as the harness's scrolls_* tasks write it."""
+    return ', '.join(doc['outputs'])
+
+
+def normalize_answer(text):
+    """SQuAD's normalisation, which SCROLLS' F1 uses: lower case, no punctuation, no articles, single spaces."""
+    text = ''.join(ch for ch in text.lower() if ch not in string.punctuation)
+    return ' '.join(re.sub(r'\b(a|an|the)\b', ' ', text).split())
+
+
+def token_f1(prediction, reference):
+    """SCROLLS' F1 (SQuAD's): the F1 of the two normalised texts' words, counted with repetition."""
+    predicted, wanted = normalize_answer(prediction).split(), normalize_answer(reference).split()
+    same = sum((Counter(predicted) & Counter(wanted)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(predicted), same / len(wanted)
+    return 2 * precision * recall / (precision + recall)
+
+
+def qasper_f1(doc, results):
+    """Qasper as the harness's scrolls_qasper answers it (the likelier of ' yes' / ' no' for a yes/no question, else
+    the generation, an empty one read as 'Unanswerable'), scored as SCROLLS does: the best F1 over the references,
+    times 100."""
+    if doc['is_yes_no']:
+        (yes, _), (no, _) = results  # (log-likelihood, is greedy) of ' yes', of ' no'
+        prediction = ' yes' if yes > no else ' no'
+    else:
+        prediction = results[0] if results[0].strip() else 'Unanswerable'
+    return {'f1': 100 * max(token_f1(prediction, reference) for reference in doc['outputs'])}
+
+
+ROUGE_TYPES = ('rouge1', 'rouge2', 'rougeL')
+
+
+def rouge_scores(doc, results):
+    """SCROLLS' ROUGE of one generation: Google's rouge-score without the stemmer (SCROLLS' use_stemmer=False; the
+    package's words: lower case, any character but a-z and 0-9 a space), the F-measure times 100, the best over
+    the references for each of ROUGE-1, -2, -L on its own. (SCROLLS puts a newline after each sentence first: that
+    changes only ROUGE-Lsum, which it does not report.)"""
+    from rouge_score import rouge_scorer
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
+    scores = [scorer.score(reference, results[0]) for reference in doc['outputs']]  # score(target, prediction)
+    best = {key: 100 * max(score[key].fmeasure for score in scores) for key in ROUGE_TYPES}
+    return {**best, 'rouge_geometric_mean': tuple(best.values())}
+
+
+def geometric_mean(items):
+    """SCROLLS' ROUGE score: the geometric mean of the means of ROUGE-1, -2 and -L over the documents.
+    items: [(rouge1, rouge2, rougeL)], one per document."""
+    means = [sum(column) / len(items) for column in zip(*items)]
+    return math.prod(means) ** (1 / len(means))
+
+
+class QasperTask(ConfigurableTask):
+    """The YAML's task, but a yes/no question asks for the log-likelihoods of ' yes' and ' no' instead of a
+    generation, as the harness's scrolls_qasper does."""
+
+    def __init__(self, config):
+        super().__init__(config={k: v for k, v in config.items() if k != 'class'})  # 'class' names this class
+
+    def construct_requests(self, doc, ctx, **kwargs):
+        if not doc['is_yes_no']:
+            return super().construct_requests(doc, ctx, **kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ('apply_chat_template', 'chat_template')}
+        return [Instance(request_type='loglikelihood', doc=doc, arguments=(ctx, answer), idx=i, **kwargs)
+                for i, answer in enumerate((' yes', ' no'))]
