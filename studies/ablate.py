@@ -136,7 +136,8 @@ ROWS = {
                'pixels': '--attention=krause --krause_window=256 --krause_topk=192',  # its pixel model
                'vit': '--attention=krause --krause_topk=2 --krause_radius=1 --krause_sigma=2.5'},  # config/krause_vit.py
     'attentionx': {'causal': '--attention=attentionx --attnx_gamma=3',
-                   'vit': '--attention=attentionx --attnx_gamma=1 --attnx_mask_diagonal=True'},
+                   'vit': '--attention=attentionx --attnx_gamma=1 --attnx_mask_diagonal=True '
+                          '--attnx_learned_temperature=True'},  # its paper's LSA base (--table=attentionx: beside it)
     'tda': {'causal': '--attention=tda --pos_emb=rope --tda_beta=0.5',  # β₀ = 0.5 fits small models (RESULTS.md)
             'shortcut': '--attention=tda --tda_beta=0.5', 'vit': '--attention=tda'},  # the base's positions
     'cluster': {'causal': '--attention=cluster --cluster_chunk=16', 'pixels': '--attention=cluster --cluster_chunk=64',
@@ -188,17 +189,19 @@ TABLES = {
                 'diff': '--attention=diff --flex=False',  # λ_init over depth (config/diff_gpt.py: SDPA)
                 'dex': '--attention=dex',  # the last half of the heads, f_D from 0 (config/dex_gpt.py)
                 'tda': '--attention=tda --tda_beta=0.5',  # β₀ = 0.5 fits small models (RESULTS.md); paper: 1
+                'tda_matched': '--attention=tda --tda_beta=0.5 --tda_matched=True',  # half-width views: softmax's size
                 'tra': '--attention=tda --tda_differential=False --tda_beta=0.5',  # the paper's single-view ablation
             },
-            'paper_rows': {'tda': '--attention=tda', 'tra': '--attention=tda --tda_differential=False'},  # β₀ = 1
+            'paper_rows': {'tda': '--attention=tda', 'tda_matched': '--attention=tda --tda_matched=True',  # β₀ = 1
+                           'tra': '--attention=tda --tda_differential=False'},
         }},
     },
     'krause_lm': {  # Krause Synchronization Transformers (arXiv 2602.11534), the language-model table
         'systems': {'text': {
             'shared': ROPE,  # config/krause_gpt.py has learned positions; RoPE for every row here
-            # 8 x 768, FineWeb-Edu; the baselines alone (mix=False, as config/{topk,longformer,routing}_gpt.py), and
-            # biases as the official Krause code has them (config/krause_gpt.py: bias=False)
-            'paper': 'config/krause_gpt.py --mix=False --bias=True',
+            # 8 x 768, FineWeb-Edu, biases as the official code; the baselines alone (mix=False, as
+            # config/{topk,longformer,routing}_gpt.py)
+            'paper': 'config/krause_gpt.py --mix=False',
             'rows': {
                 'softmax': '--attention=softmax',  # "standard"
                 'window': '--attention=softmax --window=32',  # Krause's W
