@@ -194,7 +194,7 @@ def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_r
                                 "krause_vision, krause_images, krause_llm, attentionx, cluster, or leave it out for "
                                 "every rule on every system"),
              (['--table=tda', '--rules=softmax,window'], "error: rules: unknown name(s) window (not in table tda); "
-              "pass e.g. --rules=softmax,gated (valid: softmax, gated, entmax, rela, diff, dex, tda, tra)"),
+              "pass e.g. --rules=softmax,gated (valid: softmax, gated, entmax, rela, diff, dex, tda, tda_matched, tra)"),
              (['--table=attentionx', '--systems=vit', '--rules=softmax'], "error: rules: unknown name(s) softmax (not "
               "in table attentionx); pass e.g. --rules=lsa,attentionx (valid: lsa, attentionx)"),
              (['--table=tda', '--systems=vit'], "error: systems: unknown name(s) vit (not in table tda); pass e.g. "
