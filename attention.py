@@ -1487,6 +1487,46 @@ class GatedAttention(SoftmaxAttention):
 
 
 # -----------------------------------------------------------------------------
+# rules whose rows need every score at once (entmax, ReLA): y = W v, W from weights(q, k, visible)
+
+class RowWeightsAttention(Attention):
+    """
+    y = W v,  W_i· = weights(q_i, k, visible(i))          a rule whose rows need all their keys' scores at once
+
+    The frame of entmax and ReLA: a rule writes `weights`; its math path runs queries in tiles of chunk_weights // T
+    rows against the keys they see, each tile recomputed in backward, so memory is linear in T, never T×T; its
+    cache holds every key and value (decode: the new query's weights over all of them). No flex or fused path.
+    """
+    has_bidirectional_form, has_cache = True, True
+    chunk_weights = 2**18  # weights per head one query tile may hold; a rule's own key sets it
+
+    def weights(self, q, k, visible=None):  # (B, H, C, D), (B, H, L, D), (C, L) bool or None -> (B, H, C, L)
+        raise NotImplementedError
+
+    def attend(self, q, k, v):
+        T = q.size(2)
+
+        def tile_output(start, end, n_keys):  # queries start..end-1 against keys 0..n_keys-1
+            visible = causal_mask(None, None, torch.arange(start, end, device=q.device)[:, None],
+                                  torch.arange(n_keys, device=q.device)) if self.causal else None
+            return self.weights(q[:, :, start:end], k[:, :, :n_keys], visible).to(v.dtype) @ v[:, :, :n_keys]
+
+        rows = max(1, self.chunk_weights // T)  # queries per tile
+        return torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, self.causal)], 2)
+
+    def new_cache(self):  # every key and value: grows with the context
+        return KVCache()
+
+    def fill(self, cache, q, k, v):
+        cache.append(k, v)
+
+    def decode(self, q, k, v, cache):  # (B, H, 1, D): every cached key is visible
+        cache.append(k, v)
+        keys, values = cache.tensors()
+        return self.weights(q, keys).to(v.dtype) @ values
+
+
+# -----------------------------------------------------------------------------
 # entmax
 
 @dataclass
@@ -1496,7 +1536,7 @@ class EntmaxConfig:
     entmax_chunk_weights: int = 2**18  # entmax math path: weights per head one query tile may hold (that // T queries)
 
 
-class EntmaxAttention(Attention):
+class EntmaxAttention(RowWeightsAttention):
     """
     p_ij = [(α-1)·s_ij - τ_i]₊^(1/(α-1)),  τ_i such that Σ_j p_ij = 1,   s_ij = q_i·k_j/√D over Vis(i)
     y_i  = Σ_j p_ij v_j            α = 1.5:  p_ij = [s_ij/2 - τ_i]₊²
@@ -1508,11 +1548,9 @@ class EntmaxAttention(Attention):
     (`entmax_alpha`; the adaptive α of Correia et al. is not here); nothing is learned beyond q, k, v, o. α = 1.5:
     τ in closed form from the sorted row (Peters et al.'s exact algorithm); any other α > 1: `entmax_iters` steps of
     bisection on τ, as the `entmax` package's entmax_bisect. Both in float32 at least, whatever the activations'
-    dtype; backward is entmax's Jacobian (EntmaxFunction). Math path: query tiles of entmax_chunk_weights // T rows,
-    each recomputed in backward, so memory is linear in T; the cache holds every key (decode: entmax over them). No
-    flex path (the weights are not exp of a score) and no fused one.
+    dtype; backward is entmax's Jacobian (EntmaxFunction). Math path (query tiles of entmax_chunk_weights // T rows)
+    and cache: RowWeightsAttention's. No flex path: the weights are not exp of a score.
     """
-    has_bidirectional_form, has_cache = True, True
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -1533,19 +1571,6 @@ class EntmaxAttention(Attention):
             scores = scores.masked_fill(~visible, float('-inf'))
         return F.dropout(EntmaxFunction.apply(scores, self.alpha, self.iters), self.dropout, self.training)
 
-    def attend(self, q, k, v):
-        return attend_in_query_tiles(self.weights, q, k, v, self.causal, self.chunk_weights)
-
-    def new_cache(self):  # every key and value: grows with the context
-        return KVCache()
-
-    def fill(self, cache, q, k, v):
-        cache.append(k, v)
-
-    def decode(self, q, k, v, cache):  # (B, H, 1, D): every cached key is visible
-        cache.append(k, v)
-        keys, values = cache.tensors()
-        return self.weights(q, keys).to(v.dtype) @ values
 
 
 class EntmaxFunction(torch.autograd.Function):
@@ -1595,21 +1620,6 @@ def entmax_bisect(z, alpha, iters):
     return p / p.sum(-1, keepdim=True)
 
 
-def attend_in_query_tiles(weights, q, k, v, causal, chunk_weights):
-    """y = W v for a rule whose rows need all their keys at once (entmax, ReLA): W's rows from
-    weights(q_tile, k_seen, visible) (B, H, C, L), visible (C, L) the causal mask or None, queries in tiles of
-    chunk_weights // T rows, each recomputed in backward: memory linear in T, never T×T."""
-    T = q.size(2)
-
-    def tile_output(start, end, n_keys):  # queries start..end-1 against keys 0..n_keys-1
-        visible = causal_mask(None, None, torch.arange(start, end, device=q.device)[:, None],
-                              torch.arange(n_keys, device=q.device)) if causal else None
-        return weights(q[:, :, start:end], k[:, :, :n_keys], visible).to(v.dtype) @ v[:, :, :n_keys]
-
-    rows = max(1, chunk_weights // T)  # queries per tile
-    return torch.cat([recompute_in_backward(tile_output, *tile) for tile in query_tiles(T, rows, causal)], 2)
-
-
 # -----------------------------------------------------------------------------
 # ReLA
 
@@ -1619,7 +1629,7 @@ class ReLAConfig:
     rela_chunk_weights: int = 2**18  # ReLA math path: weights per head one query tile may hold (that // T queries)
 
 
-class ReLAAttention(Attention):
+class ReLAAttention(RowWeightsAttention):
     """
     a_ij = relu(q_i·k_j/√D) for j in Vis(i), else 0;   y_i = Σ_j a_ij v_j        per head, no normalisation over j
     o = g ⊙ z/√(mean(z²) + ε) ⊙ σ(w ⊙ z),   z = the merged heads (B, T, C);   then c_proj
@@ -1631,10 +1641,8 @@ class ReLAAttention(Attention):
     scale is kept in check by a gated RMSNorm over all heads between the merge and c_proj (`out`), with learned
     g (`norm_scale`, init 1) and w (`norm_gate`, init U(±√(3/C)), the official code's default: TF's variance
     scaling, fan_avg, uniform, on a vector of C), 2C parameters per layer; ε = `rela_eps` (1e-8 as there), the norm
-    in float32 at least. Math path: query tiles of rela_chunk_weights // T rows, each recomputed in backward, so
-    memory is linear in T; the cache holds every key (decode: relu over them). No flex path, no fused one.
+    in float32 at least. Math path (query tiles of rela_chunk_weights // T rows) and cache: RowWeightsAttention's.
     """
-    has_bidirectional_form, has_cache = True, True
     weights_note = "relu(s): rows are not normalised (they may sum to anything, or be all zero), and the gated " \
                    "RMSNorm over the merged heads after W v rescales each token"
 
@@ -1655,9 +1663,6 @@ class ReLAAttention(Attention):
             a = a.masked_fill(~visible, 0.0)
         return F.dropout(a, self.dropout, self.training)
 
-    def attend(self, q, k, v):
-        return attend_in_query_tiles(self.weights, q, k, v, self.causal, self.chunk_weights)
-
     def out(self, y):  # the gated RMSNorm between the merge and c_proj
         return self.resid_dropout(self.c_proj(self.gated_rms_norm(merge_heads(y))))
 
@@ -1665,17 +1670,6 @@ class ReLAAttention(Attention):
         x = z.to(torch.promote_types(z.dtype, torch.float32))
         normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.norm_scale * normed * torch.sigmoid(self.norm_gate * x)).to(z.dtype)
-
-    def new_cache(self):  # every key and value: grows with the context
-        return KVCache()
-
-    def fill(self, cache, q, k, v):
-        cache.append(k, v)
-
-    def decode(self, q, k, v, cache):  # (B, H, 1, D): every cached key is visible
-        cache.append(k, v)
-        keys, values = cache.tensors()
-        return self.weights(q, keys) @ values
 
 
 # -----------------------------------------------------------------------------
