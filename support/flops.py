@@ -16,7 +16,7 @@ Attention FLOPs per token: what a rule's path computes, counted by PyTorch, besi
              dex                   4·C·n̄ + 2·D²·(heads with the differential step)
              top-k (k)             2·C·n̄ + 2·C·mean min(k, n_i)        every visible key scored, k summed
              krause (k)            2·C·n̄ + 2·C·mean min(k, n_i)        n_i: the window or the grid neighbourhood
-             tda (views V = 2, TRA 1)  (2V + 2)·C·n̄                   V score maps, one (a¹ - λa²) v
+             tda (views V = 2, TRA 1)  (2V·d/D + 2)·C·n̄              V score maps d wide (matched: D/2), one v
              routing (w, clusters K, R routing heads)  4·C·mean min(i+1, w) + 2·D·K·R   (at most: a cluster may
                                    hold fewer than w earlier keys)
              linear                4·C·D                                φ(k)vᵀ into the state, φ(q)ᵀ S out
@@ -89,8 +89,8 @@ def ideal_flops(attn, T):
     if isinstance(attn, (TopkAttention, KrauseAttention)):
         return 2 * C * n.mean().item() + 2 * C * n.clamp_max(attn.topk).mean().item()
     if isinstance(attn, ThresholdDifferentialAttention):
-        views = 2 if attn.differential else 1
-        return (2 * views + 2) * C * n.mean().item()
+        views = 2 if attn.differential else 1  # each scores d = view_dim of D per key (matched: the halves, D/2)
+        return (2 * views * attn.view_dim / attn.head_dim + 2) * C * n.mean().item()
     if isinstance(attn, RoutingAttention):
         return 4 * C * n.mean().item() + 2 * D * attn.centroids.size(1) * attn.n_route
     if isinstance(attn, DEXAttention):

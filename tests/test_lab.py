@@ -158,6 +158,8 @@ def test_the_flops_counted_for_softmax_equal_its_closed_form():
     keys = sum(min(i + 1, W) for i in range(T))
     assert ideal_flops(window, T) == pytest.approx(4 * C * keys / T, rel=1e-12)
     assert counted_flops(window, T) > ideal_flops(window, T)
+    matched = build_attention(AttentionConfig(n_embd=C, n_head=H, block_size=T, attention='tda', tda_matched=True), 0)
+    assert ideal_flops(matched, T) == ideal_flops(causal, T)  # two score maps of D/2, one W v: softmax's products
 
 
 def test_a_paper_table_marks_a_difference_beyond_twice_the_combined_spread(monkeypatch):
