@@ -174,6 +174,20 @@ def assert_causal(model, T, cut, vocab=11):
     assert not torch.equal(a[:, cut:], b[:, cut:])
 
 
+def cached_generation_equals_the_forward(model, prompt, steps, atol=1e-10):
+    """Greedy generation of `steps` tokens with the cache gives the tokens of generation without it, and the cached
+    logits equal the full forward's at every step; returns the cache, filled with every token."""
+    cache = model.new_cache(prompt.size(0))
+    tokens = model.generate(prompt, steps, temperature=0)
+    assert torch.equal(tokens, model.generate(prompt, steps, temperature=0, use_cache=False))
+    with torch.no_grad():
+        logits, _ = model(tokens[:, :prompt.size(1)], cache=cache)
+        for t in range(prompt.size(1), tokens.size(1)):
+            torch.testing.assert_close(logits, model(tokens[:, :t])[0], atol=atol, rtol=0)
+            logits, _ = model(tokens[:, t:t + 1], cache=cache)
+    return cache
+
+
 def readme_rule_source():
     """The first ```python block under README.md's "## Adding a rule": the example rule, exactly as a reader copies it."""
     text = (ROOT / 'README.md').read_text()

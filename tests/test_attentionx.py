@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attention import AttentionConfig, build_attention, off_diagonal_mask
-from conftest import ROOT, assert_causal, run_script
+from conftest import ROOT, assert_causal, cached_generation_equals_the_forward, run_script
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig
 
@@ -150,14 +150,7 @@ def test_cached_generation_with_a_learned_temperature_equals_the_forward():
         with torch.no_grad():
             block.attn.log_temperature.fill_(math.log(0.9))
     prompt = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(1))
-    tokens = model.generate(prompt, 30, temperature=0)  # 38 > block_size
-    assert torch.equal(tokens, model.generate(prompt, 30, temperature=0, use_cache=False))
-    cache = model.new_cache(2)
-    with torch.no_grad():
-        logits, _ = model(tokens[:, :8], cache=cache)
-        for t in range(8, 38):
-            torch.testing.assert_close(logits, model(tokens[:, :t])[0], atol=1e-10, rtol=0)
-            logits, _ = model(tokens[:, t:t + 1], cache=cache)
+    cached_generation_equals_the_forward(model, prompt, 30)  # 38 > block_size
 
 
 def test_gamma_one_is_the_attention_graph_laplacian():

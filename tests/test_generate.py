@@ -7,7 +7,7 @@ import torch
 from attention import ATTENTION
 from machinery.caches import KVCache
 from machinery.rope import Rotary
-from conftest import rule_cases
+from conftest import cached_generation_equals_the_forward, rule_cases
 from model import GPT, GPTConfig
 
 # small windows and chunks, so a 16 + 64 token run crosses each boundary several times (and block_size = 32)
@@ -29,18 +29,8 @@ def tiny(**kw):
 
 @pytest.mark.parametrize('kw', rule_cases(CASES, 'has_cache'))
 def test_cached_generation_equals_uncached_and_the_forward(kw):
-    model = tiny(**kw)
     prompt = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(1))
-    cached = model.generate(prompt, 64, temperature=0)
-    assert torch.equal(cached, model.generate(prompt, 64, temperature=0, use_cache=False))
-    # the logits at every step, against the full forward of the whole sequence so far (80 > block_size = 32)
-    cache = model.new_cache(2)
-    with torch.no_grad():
-        logits, _ = model(cached[:, :16], cache=cache)
-        for t in range(16, 80):
-            full, _ = model(cached[:, :t])
-            torch.testing.assert_close(logits, full, atol=1e-5, rtol=0)
-            logits, _ = model(cached[:, t:t + 1], cache=cache)
+    cache = cached_generation_equals_the_forward(tiny(**kw), prompt, 64, atol=1e-5)  # 80 > block_size = 32
     assert cache.pos == 80
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attention import AttentionConfig, LinearCache, build_attention, carried_state
-from conftest import assert_causal
+from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig
 
 
@@ -96,16 +96,7 @@ def test_cached_generation_crosses_chunks_and_equals_the_forward():
     # chunks of 5: the prompt (16) and every later position cross chunk boundaries; 80 > block_size = 32
     model = tiny_gpt(linear_chunk=5)
     prompt = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(1))
-    cached = model.generate(prompt, 64, temperature=0)
-    assert torch.equal(cached, model.generate(prompt, 64, temperature=0, use_cache=False))
-    cache = model.new_cache(2)
-    with torch.no_grad():
-        logits, _ = model(cached[:, :16], cache=cache)
-        for t in range(16, 80):
-            full, _ = model(cached[:, :t])
-            torch.testing.assert_close(logits, full, atol=1e-10, rtol=0)
-            logits, _ = model(cached[:, t:t + 1], cache=cache)
-    assert cache.pos == 80
+    assert cached_generation_equals_the_forward(model, prompt, 64).pos == 80
 
 
 def test_cache_bytes_are_constant_in_the_tokens():

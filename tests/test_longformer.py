@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attention import AttentionConfig, build_attention, longformer_mask, longformer_windows
-from conftest import assert_causal
+from conftest import assert_causal, cached_generation_equals_the_forward
 from machinery.band import band_keys
 from machinery.heads import merge_heads
 from machinery.masks import band_mask, dense_mask
@@ -173,14 +173,7 @@ def test_cached_generation_past_every_window_of_a_growing_schedule():
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=False, pos_emb='rope',
                           attention='longformer', longformer_window=4, longformer_window_last=12)).double().eval()
     prompt = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(1))
-    cached = model.generate(prompt, 40, temperature=0)
-    assert torch.equal(cached, model.generate(prompt, 40, temperature=0, use_cache=False))
-    cache = model.new_cache(2)
-    with torch.no_grad():
-        logits, _ = model(cached[:, :16], cache=cache)
-        for t in range(16, 56):
-            torch.testing.assert_close(logits, model(cached[:, :t])[0], atol=1e-10, rtol=0)
-            logits, _ = model(cached[:, t:t + 1], cache=cache)
+    cache = cached_generation_equals_the_forward(model, prompt, 40)
     assert [c.capacity for c in cache.caches] == [4, 8, 12]  # each layer's ring holds its own window
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import AttentionConfig, build_attention
-from conftest import assert_causal
+from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig, configure_adamw
 
 
@@ -244,25 +244,13 @@ def test_saves_memory_linear_in_T_for_backward():
     assert big2 == 2 * big and total2 <= 2 * total + 1000  # twice the tokens, twice the memory
 
 
-def generate_against_forward(model, prompt, steps):
-    cache = model.new_cache(prompt.size(0))
-    tokens = model.generate(prompt, steps, temperature=0)
-    assert torch.equal(tokens, model.generate(prompt, steps, temperature=0, use_cache=False))
-    with torch.no_grad():
-        logits, _ = model(tokens[:, :prompt.size(1)], cache=cache)
-        for t in range(prompt.size(1), tokens.size(1)):
-            torch.testing.assert_close(logits, model(tokens[:, :t])[0], atol=1e-10, rtol=0)
-            logits, _ = model(tokens[:, t:t + 1], cache=cache)
-    return cache
-
-
 @pytest.mark.parametrize('kw', [dict(routing_local_heads=0), dict(routing_local_heads=1, pos_emb='rope')])
 def test_cache_crosses_every_ring_and_stays_constant(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=64, vocab_size=11, attention='routing',
                           routing_clusters=2, routing_window=3, **kw)).double().eval()
     prompt = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(1))
-    cache = generate_against_forward(model, prompt, 40)
+    cache = cached_generation_equals_the_forward(model, prompt, 40)
     rings = cache.layers[0]
     assert rings.count.sum(-1).eq(50).all() and rings.count.max() > 3  # a ring wrapped around
     assert cache.nbytes() == GPT.filled_cache(model, torch.zeros(2, 10, 16, dtype=torch.float64)).nbytes()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attention import AttentionConfig, build_attention
-from conftest import assert_causal
+from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig, configure_adamw
 
 S = [0.3, 0.9, 1.7]  # s per head, away from the initial value, so a mix-up of heads would show
@@ -115,14 +115,7 @@ def test_cached_generation_uses_absolute_positions(kw):
         for block in model.transformer.h:
             block.attn.scale.copy_(torch.tensor([0.4, 2.0], dtype=torch.float64))
     prompt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
-    cached = model.generate(prompt, 40, temperature=0)
-    assert torch.equal(cached, model.generate(prompt, 40, temperature=0, use_cache=False))
-    cache = model.new_cache(2)
-    with torch.no_grad():
-        logits, _ = model(cached[:, :5], cache=cache)
-        for t in range(5, 45):
-            torch.testing.assert_close(logits, model(cached[:, :t])[0], atol=1e-10, rtol=0)
-            logits, _ = model(cached[:, t:t + 1], cache=cache)
+    cached_generation_equals_the_forward(model, prompt, 40)
 
 
 def test_scale_is_learned_and_not_decayed():

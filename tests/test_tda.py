@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import AttentionConfig, build_attention
-from conftest import assert_causal
+from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig
 
 
@@ -205,14 +205,7 @@ def test_matched_cached_generation_equals_the_forward():
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=False, pos_emb='rope',
                           attention='tda', tda_matched=True, tda_beta=0.5)).double().eval()
     prompt = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(1))
-    tokens = model.generate(prompt, 40, temperature=0)  # 56 > block_size: past the trained context
-    assert torch.equal(tokens, model.generate(prompt, 40, temperature=0, use_cache=False))
-    cache = model.new_cache(2)
-    with torch.no_grad():
-        logits, _ = model(tokens[:, :16], cache=cache)
-        for t in range(16, 56):
-            torch.testing.assert_close(logits, model(tokens[:, :t])[0], atol=1e-10, rtol=0)
-            logits, _ = model(tokens[:, t:t + 1], cache=cache)
+    cached_generation_equals_the_forward(model, prompt, 40)  # 56 > block_size: past the trained context
 
 
 def test_initial_values_and_vit():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attention import AttentionConfig, SoftmaxAttention, build_attention
-from conftest import assert_causal
+from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig
 
 
@@ -109,14 +109,7 @@ def test_cached_generation_equals_uncached_with_a_small_k(kw):
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=False, pos_emb='rope',
                           attention='topk', **kw)).double().eval()
     prompt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
-    cached = model.generate(prompt, 40, temperature=0)
-    assert torch.equal(cached, model.generate(prompt, 40, temperature=0, use_cache=False))
-    cache = model.new_cache(2)
-    with torch.no_grad():
-        logits, _ = model(cached[:, :5], cache=cache)
-        for t in range(5, 45):
-            torch.testing.assert_close(logits, model(cached[:, :t])[0], atol=1e-10, rtol=0)
-            logits, _ = model(cached[:, t:t + 1], cache=cache)
+    cached_generation_equals_the_forward(model, prompt, 40)
 
 
 def test_saves_no_tile_of_scores_for_backward():
