@@ -82,7 +82,7 @@ def test_parameters_beyond_softmax_are_the_gate(headwise):
         extra = count(attention='gated', gated_headwise=headwise, **shape) - count(attention='softmax', **shape)
         width = n_head if headwise else n_embd
         assert extra == n_embd * width + (width if bias else 0)
-    # GPT-2-162M (config/tda_gpt.py: 12 layers, 768 wide, 12 heads, biases): SPEC's +7.08M / +0.11M, and the biases
+    # GPT-2-162M (config/tda_gpt.py: 12 layers, 768 wide, 12 heads, biases): +7.08M / +0.11M, and the biases
     per_layer = count(attention='gated', gated_headwise=headwise, n_embd=768, n_head=12) - \
         count(attention='softmax', n_embd=768, n_head=12)
     assert 12 * per_layer == (12 * (768 * 12 + 12) if headwise else 12 * (768 * 768 + 768))  # 110,736 / 7,087,104

@@ -88,7 +88,7 @@ def test_two_c_parameters_per_layer_beyond_softmax():
         shape = dict(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11)
         return sum(p.numel() for p in GPT(GPTConfig(**{**shape, **kw}, attention=attention)).parameters())
     assert count('rela') - count('softmax') == 2 * 2 * 16
-    # the TDA paper's GPT-2-162M shape (12 layers, 768 wide): +18,432 ("+18K", SPEC), counted on its layers
+    # the TDA paper's GPT-2-162M shape (12 layers, 768 wide): +18,432, counted on its layers
     size = lambda name: sum(p.numel() for p in build_attention(AttentionConfig(n_embd=768, n_head=12,
                                                                                 attention=name), 0).parameters())
     extra = 12 * (size('rela') - size('softmax'))
