@@ -22,17 +22,17 @@ rule's ideal (support/flops.py). A row whose mean differs from the system's firs
 combined spread, |m - m₀| > 2·sqrt(s² + s₀²), is marked `*` (one seed: nothing is marked), and a line under each
 system's table says which rows differ beyond noise, and which way. One command per table (the cpu budget, the
 default; --budget=tiny or paper for the others):
-$ python studies/ablate.py --table=tda --text_source=input.txt        # val loss, zeros, sink ratio
+$ python studies/ablate.py --table=tda --text_source=input.txt        # val loss, zeros, sink ratio; passkeys at 4x
 $ python studies/ablate.py --table=krause_lm --text_source=input.txt   # standard, window .. krause (mix)
 $ python studies/ablate.py --table=krause_vision --cifar_source=C10 --cifar100_source=C100  # ViT top-1
 $ python studies/ablate.py --table=krause_images --cifar_source=C10    # pixel models: bits/dim, images/s
 $ python studies/ablate.py --table=krause_llm --text_source=input.txt  # LoRA alone, LoRA + Krause shortcut
 $ python studies/ablate.py --table=attentionx --text_source=input.txt --cifar_source=C10 --cifar100_source=C100
-$ python studies/ablate.py --table=cluster --text_source=input.txt --cifar_source=C10
+$ python studies/ablate.py --table=cluster --text_source=input.txt --cifar_source=C10  # trained, and swapped in
 $ python studies/ablate.py --table=tda --budget=tiny --rules=softmax,tda --text_source=input.txt   # seconds a run
-Not in the tables (yet): the zero-shot tasks and SCROLLS at paper (studies/harness.py on a table's runs), and the
-cluster table's swap into a trained softmax model, which prints its own table:
-$ python studies/cluster_swap.py --out_dir=lab/cluster/text/softmax-s1337 --cluster_chunk=16 --cluster_ms=16
+At the paper budget the language models' cells add the paper's zero-shot tasks, and the tda table's long system
+SCROLLS, each a column (studies/harness.py on the run: lm-eval, an extra; the hub's data, or --harness_args naming
+local files); --tasks=NAMES scores named tasks at any budget, on a GPT-2 BPE model (--recipe=--dataset=shakespeare).
 
 Run R of system S with seed N lives in out_root/S/R-sN (a table's in out_root/TABLE/S/R-sN; train.log, eval.log,
 ckpt.pt, cell.json). A run whose cell.json is there is never trained again, and a run stopped in training goes on
@@ -74,6 +74,9 @@ recipe = ''                 # more train.py arguments for every run, after the b
 text_source = ''            # the text and shortcut systems' data instead of the download (train.py --data_source)
 cifar_source = ''           # the vit and pixels systems' CIFAR-10 (a folder with train/test.parquet)
 cifar100_source = ''        # the vit100 system's CIFAR-100 (a folder with train/test.parquet)
+tasks = ''                  # a table's zero-shot tasks (studies/harness.py) on its cells that have them: '' = the
+                            # table's own at the paper budget and none below; 'none'; or names, at any budget
+harness_args = ''           # more studies/harness.py arguments for those (e.g. "--limit=200 --batch_size=8")
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 SYSTEMS = {  # the columns: what each trains, and the metric its paper reports
@@ -84,18 +87,24 @@ SYSTEMS = {  # the columns: what each trains, and the metric its paper reports
     'vit100': 'ViT on CIFAR-100: top-1 accuracy, test split (not in the default columns: --systems=vit100)',
     'pixels': 'pixel model on CIFAR-10: bits/dim on the test split; images/s drawn at a fixed batch',
     'shortcut': 'a pretrained base fine-tuned with the rule as a LoRA shortcut beside its softmax: val loss',
+    'long': 'long context the TDA way: a base with RoPE, then 4x its length with NTK scaling (s = 4): whole-passkey '
+            'accuracy at 4x with 1, 2 and 4 needles',
 }
 SOURCES = {'text': 'text_source', 'shortcut': 'text_source', 'vit': 'cifar_source', 'vit100': 'cifar100_source',
            'pixels': 'cifar_source'}
 KIN = {'vit100': 'vit'}  # a system whose rows' arguments are another's where a row names none of its own
 # The budgets: each system's train.py arguments (the shortcut's are added to the base's), and the lab's own settings:
 # base ('text': the text system's softmax run of the same seed is the base; else a name for --init_from, 'gpt2'),
-# passkey_examples (fresh episodes per length) and draw_batch (images drawn at once for images/s).
+# passkey_examples (fresh episodes per length) and draw_batch (images drawn at once for images/s). `long` trains in
+# two stages: `long_base` (passkeys with 1, 2 and 4 needles at T; 'text': the text system's run of the same row and
+# seed), then `long`'s arguments from its checkpoint, at 4T with NTK-scaled RoPE (docs/rules.md's RoPE scaling).
 CPU = '--device=cpu --compile=False'
 LORA = '--lora_rank=16 --lora_alpha=32 --lora_dropout=0.1'
 SHORT = '--eval_iters=1 --log_interval=5 --warmup_iters=2'
 VIT_TINY = (f'{CPU} {SHORT} --n_layer=1 --n_head=2 --n_embd=32 --batch_size=16 --max_iters=4 --lr_decay_iters=4 '
             '--warmup_iters=1 --eval_interval=4 --eval_examples=64')
+EXTEND = ('--rope_scaling=ntk --rope_factor=4 --learning_rate=3e-4 --min_lr=3e-5 --always_save_checkpoint=True'
+          )  # at 4x the base's block_size (the lr is ours: the TDA paper does not give it)
 VIT_CPU = (f'{CPU} --n_layer=4 --n_head=4 --n_embd=128 --batch_size=64 --max_iters=200 --lr_decay_iters=200 '
            '--warmup_iters=10 --eval_interval=200 --eval_iters=10')  # a quarter epoch
 BUDGETS = {
@@ -109,6 +118,10 @@ BUDGETS = {
         'pixels': f'config/arm_cifar10_cpu_softmax.py {SHORT} --n_layer=1 --n_embd=32 --batch_size=2 --max_iters=2 '
                   '--lr_decay_iters=2 --warmup_iters=1 --eval_interval=2 --eval_examples=2',
         'shortcut': f'{LORA} --max_iters=10 --lr_decay_iters=10 --eval_interval=10',
+        'long_base': f'config/passkey.py {CPU} {SHORT} --n_layer=1 --n_embd=32 --batch_size=16 --max_iters=20 '
+                     '--lr_decay_iters=20 --eval_interval=20 --passkey_needles=1,2,4',
+        'long': f'{EXTEND} --block_size=256 --batch_size=4 --max_iters=4 --lr_decay_iters=4 --warmup_iters=1 '
+                '--eval_interval=4',
         'base': 'text', 'passkey_examples': 64, 'draw_batch': 2,
     },
     'cpu': {  # the whole table in under two hours on 2 cores, one seed; RESULTS.md's CPU recipes, some shortened
@@ -120,12 +133,17 @@ BUDGETS = {
         'pixels': 'config/arm_cifar10_cpu_softmax.py --max_iters=20 --lr_decay_iters=20 --warmup_iters=2 '
                   '--eval_interval=20 --eval_examples=100',  # bits/dim of the first 100 test images
         'shortcut': f'{LORA} --max_iters=300 --lr_decay_iters=300 --warmup_iters=20 --eval_interval=300',
+        'long_base': f'config/passkey.py {CPU} --passkey_needles=1,2,4',  # 500 iterations of 64 episodes of 64
+        'long': f'{EXTEND} --block_size=256 --batch_size=16 --max_iters=300 --lr_decay_iters=300 --warmup_iters=10 '
+                '--eval_interval=100',  # RESULTS.md's "long context the TDA way": the same tokens a step
         'base': 'text', 'passkey_examples': 500, 'draw_batch': 8,
     },
     'paper': {  # the seed papers' configs (a GPU's job; not run here)
         'recall': '', 'text': 'config/softmax_fineweb.py', 'passkey': 'config/passkey.py',
         'vit': 'config/softmax_vit.py', 'vit100': 'config/softmax_vit100.py', 'pixels': 'config/arm_cifar10_softmax.py',
         'shortcut': 'config/finetune_shakespeare_lora.py', 'base': 'gpt2', 'passkey_examples': 500, 'draw_batch': 200,
+        'long_base': 'text',  # the pre-trained language model, then 500 steps at 4,096 tokens (the TDA paper's)
+        'long': f'{EXTEND} --block_size=4096 --batch_size=16 --max_iters=500 --lr_decay_iters=500 --warmup_iters=20',
     },
 }
 # The rows: each rule's train.py arguments per system; 'causal' serves every GPT system the row does not name.
@@ -171,16 +189,19 @@ def rows():
 # The papers' tables: each seed paper's comparison, its systems, and per system: `shared`, the settings every row
 # shares beyond the budget's (equal terms); `paper`, the system's train.py arguments at the paper budget (the paper's
 # recipe, for every row); `rows`, each row's rule (its official settings); `paper_rows`, a row's at the paper budget
-# where they differ. `analysis`: analyze.py's exact-zero sparsity and first-token sink ratio beside the metrics. A row
+# where they differ; `tasks`, the paper's zero-shot tasks (studies/harness.py, at the paper budget: --tasks);
+# `swapped_from`, a row not trained but swapped into another row's trained run (studies/cluster_swap.py), then scored
+# as every row is. `analysis`: the systems given analyze.py's exact-zero sparsity and first-token sink ratio. A row
 # ends with the settings the paper config of its rule sets; `--flex=False` where the rule has no flex path (the paper
 # configs turn flex on) or its config runs SDPA.
 ROPE = '--pos_emb=rope'  # one position encoding for every language-model row: RoPE (the TDA paper's)
 TABLES = {
-    'tda': {  # Threshold Differential Attention (arXiv 2601.12145), Table 1
-        'analysis': True,
+    'tda': {  # Threshold Differential Attention (arXiv 2601.12145), Table 1, and its long-context part
+        'analysis': ['text'],
         'systems': {'text': {
             'shared': ROPE,
             'paper': 'config/tda_gpt.py',  # GPT-2-162M, untied head, FineWeb-Edu, lr 1e-3 to 1e-4
+            'tasks': 'hellaswag,arc_easy,arc_challenge,openbookqa,piqa,winogrande',  # zero-shot, as the paper
             'rows': {
                 'softmax': '--attention=softmax',
                 'gated': '--attention=gated',  # elementwise gate (config/gated_gpt.py): +C² per layer
@@ -194,6 +215,11 @@ TABLES = {
             },
             'paper_rows': {'tda': '--attention=tda', 'tda_matched': '--attention=tda --tda_matched=True',  # β₀ = 1
                            'tra': '--attention=tda --tda_differential=False'},
+        }, 'long': {  # passkeys after the NTK extension; at paper, the text rows extended, in words, and SCROLLS
+            'shared': ROPE,
+            'tasks': 'qmsum_scrolls,summscreenfd_scrolls,govreport_scrolls,qasper_scrolls',  # ROUGE, F1 (SCROLLS')
+            'rows': {'softmax': '--attention=softmax', 'tda': '--attention=tda --tda_beta=0.5'},
+            'paper_rows': {'tda': '--attention=tda'},
         }},
     },
     'krause_lm': {  # Krause Synchronization Transformers (arXiv 2602.11534), the language-model table
@@ -202,6 +228,7 @@ TABLES = {
             # 8 x 768, FineWeb-Edu, biases as the official code; the baselines alone (mix=False, as
             # config/{topk,longformer,routing}_gpt.py)
             'paper': 'config/krause_gpt.py --mix=False',
+            'tasks': 'lambada_openai,hellaswag,arc_easy,piqa,blimp',  # zero-shot (CBT is not in the harness)
             'rows': {
                 'softmax': '--attention=softmax',  # "standard"
                 'window': '--attention=softmax --window=32',  # Krause's W
@@ -264,13 +291,16 @@ TABLES = {
             } for system, config in (('vit', 'softmax_vit'), ('vit100', 'softmax_vit100'))},
         },
     },
-    'cluster': {  # this project's cluster attention against softmax (the swap: studies/cluster_swap.py, by hand)
+    'cluster': {  # this project's cluster attention against softmax, trained and swapped into a trained softmax
         'systems': {
             'text': {
                 'shared': ROPE,
                 'paper': 'config/softmax_gpt.py',  # nanoGPT's GPT-2 124M on OpenWebText (config/cluster_gpt.py)
-                'rows': {'softmax': '--attention=softmax', 'cluster': '--attention=cluster --cluster_chunk=16'},
-                'paper_rows': {'cluster': '--attention=cluster --cluster_m=64 --cluster_chunk=64'},  # at 1,024 tokens
+                'rows': {'softmax': '--attention=softmax', 'cluster': '--attention=cluster --cluster_chunk=16',
+                         'swap': '--attention=cluster --cluster_chunk=16 --cluster_m=16 --cluster_sharpness=20'},
+                'paper_rows': {'cluster': '--attention=cluster --cluster_m=64 --cluster_chunk=64',  # at 1,024 tokens
+                               'swap': '--attention=cluster --cluster_m=64 --cluster_chunk=64 --cluster_sharpness=20'},
+                'swapped_from': {'swap': 'softmax'},  # not trained: studies/cluster_swap.py on softmax's run
             },
             'vit': {
                 'shared': '',
@@ -336,11 +366,16 @@ def check_lab_settings(c, given=()):
         row_names = picked('rules', c['rules'] or ','.join(rows()), list(rows()))
         seed_text = c['seeds']
     seed_list = check_int_list({'seeds': seed_text}, 'seeds', '1337,1338', at_least=0)
-    try:
-        shlex.split(c['recipe'])
-    except ValueError as e:
-        raise ValueError(f"recipe does not parse as command-line arguments ({e}); pass --recipe=\"...\" with "
-                         f"balanced quotes") from None
+    for key in ('recipe', 'harness_args'):
+        try:
+            shlex.split(c[key])
+        except ValueError as e:
+            raise ValueError(f"{key} does not parse as command-line arguments ({e}); pass --{key}=\"...\" with "
+                             f"balanced quotes") from None
+    if c['tasks'] not in ('', 'none') and not (name and any('tasks' in spec[s] for s in system_names)):
+        raise ValueError(f"tasks={c['tasks']} scores a table's language models, and "
+                         f"{'table ' + name + ' has none picked' if name else 'no table is picked'}; pass "
+                         f"--table=tda or krause_lm (with --systems=text), or leave --tasks out")
     for key in ('text_source', 'cifar_source', 'cifar100_source'):
         if c[key] and not os.path.exists(c[key]):
             raise ValueError(f"{key}={c[key]} does not exist; pass a local copy of the data, or nothing to download it")
@@ -358,21 +393,44 @@ def check_lab_settings(c, given=()):
 def system_args(system):
     """The budget's train.py arguments of a system; at the paper budget a table's own recipe for it."""
     spec = TABLES[table]['systems'].get(system) if table else None
-    return spec['paper'] if spec and budget == 'paper' else BUDGETS[budget][system]
+    return spec['paper'] if spec and 'paper' in spec and budget == 'paper' else BUDGETS[budget][system]
 
 
 def run_args(row, system, seed, arguments):
     """train.py arguments of one run: the budget's system, the row's rule, the recipe, the run's seed and folder."""
-    plan, base_args = BUDGETS[budget], system_args(system)
+    plan, base_args, data = BUDGETS[budget], system_args(system), []
     if system == 'shortcut':  # the rule beside the base's own softmax, LoRA on both (a table's rows say their mix)
         arguments += '' if table else ' --mix=True'
         if plan['base'] == 'text':
             base_args = f"{plan['text']} {base_args} --init_from={run_dir('softmax', 'text', seed)}/ckpt.pt"
-    source = globals()[SOURCES[system]] if system in SOURCES else ''
-    source = [f'--data_source={os.path.abspath(source)}'] if source and (system != 'shortcut' or
-                                                                           plan['base'] == 'text') else []
-    return [*shlex.split(base_args), *shlex.split(arguments), *shlex.split(recipe), *source, f'--seed={seed}',
+    if system == 'long':  # the extension: the base's arguments, then the budget's, from the base's checkpoint
+        base = long_base()
+        base_args = f"{system_args(base)} {base_args} --init_from={run_dir(row, base, seed)}/ckpt.pt"
+    if system in ('long', 'long_base') and long_base() == 'long_base':  # passkeys of 1, 2, 4 needles at each length
+        data = [f"--data_dir={os.path.join(os.path.abspath(out_root), table, 'data', system)}"]
+    source = globals()[SOURCES[system]] if system in SOURCES else text_source if system == 'long' else ''
+    source = [f'--data_source={os.path.abspath(source)}'] if source and (
+        system not in ('shortcut', 'long') or plan['base' if system == 'shortcut' else 'long_base'] == 'text') else []
+    return [*shlex.split(base_args), *shlex.split(arguments), *shlex.split(recipe), *source, *data, f'--seed={seed}',
             f'--out_dir={run_dir(row, system, seed)}']
+
+
+def long_base():
+    """The system whose run the long system extends: 'text' (the budget's long_base says so), else 'long_base'."""
+    return 'text' if BUDGETS[budget]['long_base'] == 'text' else 'long_base'
+
+
+def swapped_from(row, system):
+    """The row of a table whose trained run `row` is swapped into (its `swapped_from`), or None: a row trained."""
+    return TABLES[table]['systems'].get(system, {}).get('swapped_from', {}).get(row) if table else None
+
+
+def swap_args(row, system, seed, arguments):
+    """studies/cluster_swap.py's arguments for a swapped row: the trained run it starts from, the row's cluster
+    settings (its cluster_m the one m), and the row's folder, where the swapped model is written as ckpt.pt."""
+    cluster = [a.replace('--cluster_m=', '--cluster_ms=') for a in shlex.split(arguments) if a.startswith('--cluster_')]
+    return [f'--out_dir={run_dir(swapped_from(row, system), system, seed)}', *cluster, f'--seed={seed}',
+            f'--swap_out_dir={run_dir(row, system, seed)}']
 
 
 def run_dir(row, system, seed):
@@ -396,17 +454,23 @@ def train_run(row, system, seed, arguments):
     folder = run_dir(row, system, seed)
     if os.path.exists(os.path.join(folder, 'trained.json')):
         return None
-    if system == 'shortcut' and BUDGETS[budget]['base'] == 'text':  # the base first: the text system's softmax run
-        failed = train_run('softmax', 'text', seed, ROWS['softmax']['causal'])
+    first = (('softmax', 'text', ROWS['softmax']['causal']) if system == 'shortcut' and BUDGETS[budget]['base'] ==
+             'text' else (row, long_base(), arguments) if system == 'long' else  # the same rule, at T
+             (swapped_from(row, system), system, table_rows(table, system)[swapped_from(row, system)])
+             if swapped_from(row, system) else None)
+    if first:  # the run this one starts from, trained first: the text softmax base, the long base, the swapped row
+        failed = train_run(first[0], first[1], seed, first[2])
         if failed:
-            return {'error': f"the base (text softmax seed {seed}) failed: {failed['error']}", 'log': failed['log']}
+            return {'error': f"its base ({first[1]} {first[0]} seed {seed}) failed: {failed['error']}",
+                    'log': failed['log']}
     os.makedirs(folder, exist_ok=True)
-    args = run_args(row, system, seed, arguments)
-    if os.path.exists(os.path.join(folder, 'ckpt.pt')):
+    script, args = (('studies/cluster_swap.py', swap_args(row, system, seed, arguments)) if swapped_from(row, system)
+                    else ('train.py', run_args(row, system, seed, arguments)))
+    if os.path.exists(os.path.join(folder, 'ckpt.pt')) and script == 'train.py':
         args.append('--init_from=resume')
     log = os.path.join(folder, 'train.log')
     t0 = time.time()
-    code, error = launch('train.py', args, log)
+    code, error = launch(script, args, log)
     if code:
         return {'error': error, 'log': log}
     write_atomically(os.path.join(folder, 'trained.json'), lambda tmp: write_text(tmp, json.dumps(
@@ -419,14 +483,19 @@ def score_run(row, system, seed, arguments):
     or the failure {'error', 'log'}."""
     folder, plan = run_dir(row, system, seed), BUDGETS[budget]
     log = os.path.join(folder, 'eval.log')
-    if system == 'passkey':  # accuracy at 1x, 2x and 4x the trained length, fresh episodes
-        code, error = launch('studies/extrapolate.py', [f'--out_dir={folder}', '--multiples=1,2,4', '--json_out=True',
-                                                       f"--num_examples={plan['passkey_examples']}"], log)
+    if system in ('passkey', 'long'):  # fresh episodes: at 1x, 2x and 4x the trained length; long: at its own (4x
+        # the base's) with 1, 2 and 4 needles, in words where it extends the language model
+        asked = (['--multiples=1,2,4'] if system == 'passkey' else
+                 ['--multiples=1', '--needles=1,2,4', *(['--passkey=True'] if long_base() == 'text' else [])])
+        code, error = launch('studies/extrapolate.py', [f'--out_dir={folder}', *asked, '--json_out=True',
+                                                       f"--num_examples={plan['passkey_examples']}",
+                                                       f'--device={score_device()}'], log)
         if code:
             return {'error': error, 'log': log}
         with open(log) as f:
             lines = [json.loads(line) for line in f if line.startswith('{')]
-        metrics = {f"acc_{r['multiple']}x": r['passkey_acc'] for r in lines}
+        metrics = {(f"acc_{r['multiple']}x" if system == 'passkey' else f"needles_{r['needles']}"): r['passkey_acc']
+                   for r in lines}
     else:
         args = [*run_args(row, system, seed, arguments), '--init_from=resume', '--eval_only=True', '--eval_full=True']
         code, error = launch('train.py', args, log)
@@ -447,13 +516,45 @@ def score_run(row, system, seed, arguments):
                     'log': log}
     if table:
         try:
-            metrics.update(measure_run(folder))
+            metrics.update(measure_run(folder, system))
         except (Exception, SystemExit) as e:  # load_run's SystemExit: a checkpoint it cannot read
             return {'error': f"error: measuring {folder} failed ({type(e).__name__}: {e})", 'log': log}
+    if tasks_of(system):  # the zero-shot tasks, studies/harness.py on the run's checkpoint
+        code, error = launch('studies/harness.py', [f'--out_dir={folder}', f"--tasks={','.join(tasks_of(system))}",
+                                                   f'--device={score_device()}', *shlex.split(harness_args)], log)
+        if code:
+            return {'error': error, 'log': log}
+        with open(os.path.join(folder, 'harness.json')) as f:
+            results = json.load(f)['results']
+        metrics.update({f'task_{name}': task_score(results[name]) for name in tasks_of(system)})
     return {'metrics': metrics, 'log': log}
 
 
-def measure_run(folder):
+def score_device():
+    """Where the scoring scripts run: the GPU at the paper budget where there is one, else the CPU."""
+    import torch
+    return 'cuda' if budget == 'paper' and torch.cuda.is_available() else 'cpu'
+
+
+def tasks_of(system):
+    """The harness tasks a table's system is scored on at this budget: --tasks where given (on the systems whose
+    spec has tasks), else the spec's own at the paper budget; none outside a table, or with --tasks=none."""
+    spec = TABLES[table]['systems'][system] if table else {}
+    if 'tasks' not in spec or tasks == 'none':
+        return []
+    return [name for name in (tasks or (spec['tasks'] if budget == 'paper' else '')).split(',') if name]
+
+
+TASK_METRICS = ('rouge_geometric_mean', 'f1', 'acc_norm', 'acc', 'bits_per_byte')  # the first a task reports
+
+
+def task_score(result):
+    """A task's number in a table: the first of TASK_METRICS its harness result has (SCROLLS' ROUGE geometric mean
+    or F1; acc_norm where the harness normalises by length, as the papers report HellaSwag, ARC, PIQA; else acc)."""
+    return next(result[f'{name},none'] for name in TASK_METRICS if f'{name},none' in result)
+
+
+def measure_run(folder, system):
     """A table's measurements of a trained run, in this process: `params`, every parameter of the model (its own
     count, get_num_params(non_embedding=False)); `flops_counted` and `flops_ideal`, attention FLOPs per token and
     layer on the path that ran and the rule's ideal (support/flops.py); and where the table asks for analysis,
@@ -465,7 +566,7 @@ def measure_run(folder):
     flops = attention_flops(run.model)
     measured = {'params': run.model.get_num_params(non_embedding=False), 'flops_counted': flops['counted'],
                 'flops_ideal': flops['ideal']}
-    if TABLES[table].get('analysis'):
+    if system in TABLES[table].get('analysis', ()):
         from studies.analyze import analyse, val_batch
         layers, _ = analyse(run.model, val_batch(run.config, run.data_dir, run.model.config.block_size))
         for key, _, _ in ANALYSIS:
@@ -485,7 +586,10 @@ def draw_speed(folder, batch_size):
 
 
 def training_rate(folder):
-    """(median tokens/s or images/s of the run's logged iterations, its unit) from log.jsonl."""
+    """(median tokens/s or images/s of the run's logged iterations, its unit) from log.jsonl; (None, None) for a run
+    that trained nothing (a swapped row)."""
+    if not os.path.exists(os.path.join(folder, 'log.jsonl')):
+        return None, None
     with open(os.path.join(folder, 'log.jsonl')) as f:
         records = [json.loads(line) for line in f if line.strip()]
     for key, unit in (('tokens_per_s', 'tok/s'), ('images_per_s', 'images/s')):
@@ -527,6 +631,7 @@ METRICS = {  # system: [(result key, label, digits)]; the first is the one its p
     'vit100': [('val_acc', 'top-1', 4)],
     'pixels': [('bits_per_dim', 'bits/dim', 4), ('draw_images_per_s', 'images/s drawn', 3)],
     'shortcut': [('val_loss', 'val loss', 4)],
+    'long': [('needles_1', '1 needle', 3), ('needles_2', '2 needles', 3), ('needles_4', '4 needles', 3)],
 }
 LOWER_IS_BETTER = ('val_loss', 'bits_per_dim')  # the other metrics: higher is better
 
@@ -557,8 +662,10 @@ def cell_text(cell, system):
 # a paper's table: each system's rows against its first, mean ± sample standard deviation
 
 def table_metrics(system):
-    """[(result key, label, digits)] a table shows for a system: the system's, then analyze.py's where it asks."""
-    return METRICS[system] + (ANALYSIS if TABLES[table].get('analysis') else [])
+    """[(result key, label, digits)] a table shows for a system: the system's, analyze.py's where it asks, and its
+    zero-shot tasks at this budget."""
+    analysed = system in TABLES[table].get('analysis', ())
+    return METRICS[system] + (ANALYSIS if analysed else []) + [(f'task_{n}', n, 4) for n in tasks_of(system)]
 
 
 def mean_sd(values):
@@ -647,8 +754,7 @@ def table_markdown(head, cells, rows_of, system_names):
     for system in system_names:
         metrics, shared = table_metrics(system), TABLES[table]['systems'][system]['shared']
         lines += ['', f"### {system}: {SYSTEMS[system]}", '',
-                  f"Every row: `{' '.join(a for a in (system_args(system), shared) if a) or '(train.py defaults)'}`, "
-                  f"then its own arguments.", '',
+                  f"Every row: {every_row(system, shared)}, then its own arguments.", '',
                   '| rule | arguments | ' + ' | '.join(label for _, label, _ in metrics) +
                   ' | parameters | attention FLOPs: counted · ideal | time, speed |',
                   '| --- | --- |' + ' --- |' * (len(metrics) + 3)]
@@ -656,6 +762,17 @@ def table_markdown(head, cells, rows_of, system_names):
         lines += [table_line(row, cells[row][system], first, metrics) for row in rows_of[system]]
         lines += ['', holds(system, rows_of[system], cells, *metrics[0][:2])]
     return '\n'.join(lines) + '\n'
+
+
+def every_row(system, shared):
+    """What every row of a system runs before its own arguments, as table.md says it: the long system's base, then
+    its extension from the base's checkpoint."""
+    text = f"`{' '.join(a for a in (system_args(system), shared) if a) or '(train.py defaults)'}`"
+    if system != 'long':
+        return text
+    base = f"`{' '.join(a for a in (system_args(long_base()), shared) if a)}`"
+    return (f"the base {base} ({'the text system' if long_base() == 'text' else 'passkeys of 1, 2 and 4 needles'}), "
+            f"then from its checkpoint {text}")
 
 
 def header(seed_list):

@@ -5,11 +5,17 @@ head, on training batches), and report per layer ||y_cluster - y_softmax|| / ||y
 softmax model's own input to that layer) and the validation loss with every layer swapped.
 
 $ python studies/cluster_swap.py --out_dir=out-shakespeare-char --cluster_chunk=8 --cluster_ms=4,16,64
+$ python studies/cluster_swap.py --out_dir=RUN --cluster_ms=16 --swap_out_dir=RUN-swap   # and keep the swapped model
+
+--swap_out_dir=DIR writes the swapped model of the first m as DIR/ckpt.pt, a run of its own: train.py scores it as
+any run (--init_from=resume --eval_only=True, with the row's --attention=cluster --cluster_m=M ... settings), and
+sample.py reads it. Its optimizer state is fresh (the swap trained nothing); the rest is the softmax run's.
 
 The validation batches are drawn as train.py's evaluation draws them (eval_iters batches, rows from a generator
 seeded seed + 1, support.data.Batches), so with the run's seed and eval_iters the softmax row repeats the
 checkpoint's last `val loss`. With cluster_chunk >= the context there is no earlier chunk and nothing changes.
 """
+import json
 import os
 import sys
 from dataclasses import replace
@@ -21,7 +27,8 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, layer_inputs_outputs
 from prepare import ROOT, check_files
-from support.loading import load_run
+from support.atomic import save_checkpoint
+from support.loading import checkpoint_path, load_checkpoint, load_run
 from support.checks import check_folder, check_int_list, check_or_exit, check_ranges, script_settings
 from support.data import Batches
 
@@ -35,6 +42,8 @@ kmeans_batches = 20                # training batches whose keys the seeds are f
 kmeans_iters = 25
 eval_iters = 20
 seed = 1337
+swap_out_dir = ''                  # also write the swapped model of the first m there (DIR/ckpt.pt); '' = none
+json_out = False                   # also print one JSON line per m (the lab reads them)
 
 
 def check_cluster_swap_settings(c):
@@ -47,6 +56,9 @@ def check_cluster_swap_settings(c):
         raise ValueError(f"cluster_sharpness={c['cluster_sharpness']} must be positive; pass e.g. "
                          f"--cluster_sharpness=20")
     check_folder(c, 'data_dir', "the dataset the checkpoint was trained on")
+    if c['swap_out_dir'] and os.path.abspath(c['swap_out_dir']) == os.path.abspath(c['out_dir']):
+        raise ValueError(f"swap_out_dir={c['swap_out_dir']} is out_dir: the swap would replace the softmax run's "
+                         f"checkpoint; pass --swap_out_dir=ANOTHER_DIR")
 
 
 if __name__ == '__main__':  # tests import the functions without reading the command line
@@ -131,9 +143,34 @@ def main():
                 y_full, y_cluster = layers[i].attn(x_l), swapped.transformer.h[i].attn(x_l)
                 err[i] += (y_cluster - y_full).pow(2).sum()
                 ref[i] += y_full.pow(2).sum()
-        loss = val_loss(swapped)
-        print(f"| {m} | {' | '.join(f'{e:.3f}' for e in (err / ref).sqrt().tolist())} | {loss:.4f} | "
-              f"{loss - base:+.4f} |")
+        loss, errors = val_loss(swapped), (err / ref).sqrt().tolist()
+        print(f"| {m} | {' | '.join(f'{e:.3f}' for e in errors)} | {loss:.4f} | {loss - base:+.4f} |")
+        if json_out:
+            print(json.dumps({'cluster_m': m, 'val_loss': loss, 'softmax_val_loss': base, 'rel_errors': errors}))
+        if swap_out_dir and m == int(cluster_ms.split(',')[0]):
+            path = save_swapped(swapped, dict(cluster_m=m, cluster_chunk=cluster_chunk,
+                                              cluster_sharpness=cluster_sharpness))
+            print(f"wrote the swapped model (m = {m}) to {path}")
+
+
+def save_swapped(swapped, overrides):
+    """swap_out_dir/ckpt.pt: the softmax run's checkpoint with the swapped model's weights, its settings (attention
+    'cluster' and `overrides`) and a fresh optimizer state of its parameters (the swap trained nothing)."""
+    source = checkpoint_path(out_dir)
+    checkpoint = load_checkpoint(source, 'cpu')
+    path = checkpoint_path(swap_out_dir)
+    if os.path.exists(path) and not load_checkpoint(path, 'cpu').get('swapped_from'):
+        raise SystemExit(f"error: {path} holds a run that is not a swap; nothing was written; pass "
+                         f"--swap_out_dir=A_NEW_DIR")
+    changed = {'attention': 'cluster', **overrides}
+    config = {**checkpoint['config'], **changed, 'out_dir': swap_out_dir}
+    optimizer = swapped.configure_optimizers(config['weight_decay'], config['learning_rate'],
+                                             (config['beta1'], config['beta2']), 'cpu')
+    os.makedirs(swap_out_dir, exist_ok=True)
+    save_checkpoint({**checkpoint, 'model': swapped.state_dict(), 'optimizer': optimizer.state_dict(),
+                     'model_args': {**checkpoint['model_args'], **changed}, 'config': config,
+                     'swapped_from': source}, path)
+    return path
 
 
 if __name__ == '__main__':

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, readme_rule_source, run_forked, run_script
+from conftest import ROOT, SHARED, needs_shared, readme_rule_source, run_forked, run_script
 from model import GPT, GPTConfig
 
 TINY = ['--budget=tiny', '--systems=recall,passkey', '--rules=softmax,krause']
@@ -113,7 +113,7 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
     source = tmp_path / 'input.txt'
     source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=tda', '--rules=softmax,tda', '--budget=tiny',
+    out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rules=softmax,tda', '--budget=tiny',
                      f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
     rows = json.loads((lab / 'tda' / 'table.json').read_text())['rows']
     assert list(rows) == ['softmax', 'tda'] and all(r['text']['status'] == 'ok' for r in rows.values()), out
@@ -200,8 +200,96 @@ def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_r
              (['--table=attentionx', '--systems=vit', '--rules=softmax'], "error: rules: unknown name(s) softmax (not "
               "in table attentionx); pass e.g. --rules=lsa,attentionx (valid: lsa, attentionx)"),
              (['--table=tda', '--systems=vit'], "error: systems: unknown name(s) vit (not in table tda); pass e.g. "
-                                                "--systems=text (valid: text)")]
+                                                "--systems=text,long (valid: text, long)"),
+             (['--tasks=hellaswag'], "error: tasks=hellaswag scores a table's language models, and no table is picked; "
+                                     "pass --table=tda or krause_lm (with --systems=text), or leave --tasks out"),
+             (['--table=tda', '--harness_args="--limit=1'], "error: harness_args does not parse as command-line "
+              "arguments (No closing quotation); pass --harness_args=\"...\" with balanced quotes")]
     results = run_forked(*[{'argv': ['studies/ablate.py', *args, f'--out_root={lab}']} for args, _ in cases])
     for (code, out), (_, error) in zip(results, cases):
         assert code == 1 and [line for line in out.splitlines() if line.startswith('error:')] == [error], out
     assert not lab.exists()  # nothing was made, nothing trained
+
+
+# the papers' tables beyond training: a row swapped into a trained run, a system in two stages, zero-shot tasks
+
+def test_a_swapped_row_is_the_trained_softmax_run_with_cluster_attention_scored_as_every_row(tmp_path):
+    """The cluster table's swap trains nothing: its checkpoint is the softmax run's, every shared weight equal, with
+    cluster attention (seeds by k-means on that run's keys) in its place, and train.py scores it as it scores a row."""
+    source = tmp_path / 'input.txt'
+    source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    lab = tmp_path / 'lab'
+    out = run_script('studies/ablate.py', '--table=cluster', '--systems=text', '--rules=softmax,swap', '--budget=tiny',
+                     f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
+    rows = json.loads((lab / 'cluster' / 'table.json').read_text())['rows']
+    assert all(rows[r]['text']['status'] == 'ok' for r in ('softmax', 'swap')), out
+    folder = lab / 'cluster' / 'text'
+    softmax, swap = (torch.load(folder / f'{r}-s1337' / 'ckpt.pt', map_location='cpu', weights_only=True)
+                     for r in ('softmax', 'swap'))
+    assert swap['model_args'] == {**softmax['model_args'], 'attention': 'cluster', 'cluster_m': 16, 'cluster_chunk': 16,
+                                  'cluster_sharpness': 20}
+    own = {k for k in swap['model'] if k not in softmax['model']}
+    assert own == {'transformer.h.0.attn.seeds', 'transformer.h.0.attn.log_sharpness'}, own
+    assert all(torch.equal(swap['model'][k], v) for k, v in softmax['model'].items())  # nothing trained
+    metrics = rows['swap']['text']['seeds']['1337']['metrics']
+    full = json.loads((folder / 'swap-s1337' / 'eval_full.json').read_text())  # train.py's score, as every row's
+    assert metrics['val_loss'] == full['val_loss'] and full['examples'] == 64
+    H, m, D = 2, 16, 16
+    assert metrics['params'] == rows['softmax']['text']['seeds']['1337']['metrics']['params'] + H * m * D + H
+    assert not (folder / 'swap-s1337' / 'log.jsonl').exists()  # no training: no speed in its cell
+    assert '| swap | `--attention=cluster --cluster_chunk=16 --cluster_m=16 --cluster_sharpness=20` |' in \
+        (lab / 'cluster' / 'table.md').read_text()
+
+
+def test_the_long_system_extends_its_base_to_four_times_its_length_with_ntk_rope(tmp_path):
+    """The tda table's long system: a base trained on passkeys of 1, 2 and 4 needles at T, then from its checkpoint
+    at 4T with NTK-scaled RoPE; its cell is extrapolate.py's whole-passkey accuracy at 4T per needle count."""
+    lab = tmp_path / 'lab'
+    out = run_script('studies/ablate.py', '--table=tda', '--systems=long', '--rules=softmax', '--budget=tiny',
+                     f'--out_root={lab}')
+    table = json.loads((lab / 'tda' / 'table.json').read_text())
+    assert table['rows']['softmax']['long']['status'] == 'ok', out
+    base, extended = (torch.load(lab / 'tda' / system / 'softmax-s1337' / 'ckpt.pt', map_location='cpu',
+                                 weights_only=True) for system in ('long_base', 'long'))
+    assert base['config']['passkey_needles'] == extended['config']['passkey_needles'] == '1,2,4'
+    assert (base['model_args']['block_size'], extended['model_args']['block_size']) == (64, 256)
+    assert (extended['model_args']['rope_scaling'], extended['model_args']['rope_factor']) == ('ntk', 4.0)
+    assert base['model_args']['rope_scaling'] in ('', 'none') and base['model_args']['pos_emb'] == 'rope'
+    assert f"fine-tuning {lab / 'tda' / 'long_base' / 'softmax-s1337' / 'ckpt.pt'}" in \
+        (lab / 'tda' / 'long' / 'softmax-s1337' / 'train.log').read_text()
+    scored = [json.loads(line) for line in (lab / 'tda' / 'long' / 'softmax-s1337' / 'eval.log').read_text()
+              .splitlines() if line.startswith('{')]
+    assert [(r['needles'], r['T']) for r in scored] == [(1, 256), (2, 256), (4, 256)]
+    metrics = table['rows']['softmax']['long']['seeds']['1337']['metrics']
+    assert [metrics[f'needles_{k}'] for k in (1, 2, 4)] == [r['passkey_acc'] for r in scored]
+
+
+@needs_shared
+def test_a_tables_zero_shot_task_is_a_column_scored_by_the_harness(tmp_path):
+    """--tasks scores a table's language-model cells with studies/harness.py; the column is the task's acc_norm (the
+    harness's: the summed log-likelihood of each ending over its characters), recomputed here from the model."""
+    pytest.importorskip('lm_eval', reason="lm-evaluation-harness is not installed: pip install -r "
+                                          "requirements-extras.txt")
+    import tiktoken
+    import torch.nn.functional as F
+    from support.hellaswag import render_example
+    from support.loading import load_run
+    source, rows = tmp_path / 'input.txt', tmp_path / 'hellaswag.jsonl'
+    source.write_text((SHARED / 'tinyshakespeare' / 'input.txt').read_text()[:20000])
+    rows.write_text(''.join((SHARED / 'hellaswag' / 'hellaswag_val_1000.jsonl').read_text().splitlines(True)[:6]))
+    lab = tmp_path / 'lab'
+    out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rules=softmax', '--budget=tiny',
+                     f'--text_source={source}', f'--out_root={lab}', '--tasks=hellaswag_nanogpt',
+                     f'--recipe=--dataset=shakespeare --block_size=256 --data_dir={tmp_path / "bpe"}',  # uncropped
+                     f'--harness_args=--hellaswag_source={rows}')
+    cell = json.loads((lab / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
+    assert cell['status'] == 'ok', out
+    model, enc, right = load_run(lab / 'tda' / 'text' / 'softmax-s1337').model, tiktoken.get_encoding('gpt2'), 0
+    for row in map(json.loads, rows.read_text().splitlines()):
+        tokens, mask, label = render_example(row, enc)  # ctx + " " + ending, the endings' tokens masked in
+        with torch.no_grad():
+            logp = F.log_softmax(model(tokens, tokens)[0][:, :-1].double(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
+        summed = (logp * mask[:, 1:]).sum(1)  # (4,): log p(ending | ctx)
+        right += int((summed / torch.tensor([len(e) for e in row['endings']])).argmax() == label)
+    assert cell['seeds']['1337']['metrics']['task_hellaswag_nanogpt'] == right / 6
+    assert '| sink ratio | hellaswag_nanogpt | parameters |' in (lab / 'tda' / 'table.md').read_text()
