@@ -5,8 +5,6 @@ the one line a failed write is told in; write_or_exit ends a script's output wri
 """
 import os
 
-import torch
-
 
 def write_atomically(path, write):
     """write(temporary path), then a rename onto `path`: a reader sees the old file or the new one, never half of
@@ -25,6 +23,8 @@ def write_atomically(path, write):
 def save_checkpoint(checkpoint, path):
     """Write `checkpoint` to `path` atomically (write_atomically). Through a Python file, so that a failed write
     (disk full) is an OSError behind torch's RuntimeError, which failure_line reads."""
+    import torch  # here: the prepare scripts write through this module too, and need no torch
+
     def write(tmp):
         with open(tmp, 'wb') as f:
             torch.save(checkpoint, f)
