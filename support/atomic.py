@@ -1,7 +1,8 @@
 """
 Writing a file atomically: a reader sees the old file or the new one, never half of one, and a write that fails
 (disk full, a missing folder, Ctrl-C) leaves nothing behind. save_checkpoint writes ckpt.pt this way; failure_line is
-the one line a failed write is told in; write_or_exit ends a script's output write in it.
+the one line a failed write is told in; write_or_exit ends a script's output write in it (a prepared folder's files
+too: prepare.write_prepared).
 """
 import os
 
