@@ -13,6 +13,7 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -107,8 +108,8 @@ def array_file(array, npy=True):
     so that a failed write is an OSError that names its cause (No space left on device, File too large)."""
     def write(path):
         with open(path, 'wb') as f:
-            if npy:
-                np.save(f, array)
+            if npy:  # through f.write in chunks: np.save to a real file writes with C's fwrite, which drops errno
+                np.save(SimpleNamespace(write=f.write), array)
             else:
                 f.write(np.ascontiguousarray(array).tobytes())
     return write
