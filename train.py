@@ -22,7 +22,6 @@ from tqdm import tqdm
 
 from attention import AttentionConfig
 from support.loading import load_checkpoint
-from support.metrics import MetricsLog
 from support.resume import check_resumable, restore_rng_states, rng_states
 from support.rundir import RunDir
 from support.checks import check_train_config, one_line_errors
@@ -198,8 +197,7 @@ if init_from == 'resume':
             model_args = fine_tune_args(resumed, model_args, set_keys)
         check_resumable(checkpoint, ckpt_path, model_args, dataset, max_iters,  # not past the end
                         dataclass_defaults(ModelConfig, {}))
-    iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
-    run.saved_iter = iter_num  # what this run's ckpt.pt holds
+    iter_num, best_val_loss = run.resume_from(checkpoint)  # what this run's ckpt.pt holds
     if master_process:
         print(f"resuming from {ckpt_path} at iteration {iter_num}")
 elif base:
@@ -291,8 +289,7 @@ def get_lr(it):
 
 
 # logging: out_dir/log.jsonl on rank 0, trimmed back on resume (MetricsLog), wandb; not eval_only's
-metrics = (MetricsLog(out_dir, run.saved_iter, wandb_log, run.stop_on_failed_write)
-           if master_process and not eval_only else None)
+metrics = run.metrics_log(wandb_log) if master_process and not eval_only else None
 if master_process and wandb_log:
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
@@ -336,6 +333,7 @@ while True:
     # evaluate the loss on train/val sets and write checkpoints; always at the last iteration
     if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
         losses, last_val_batch = estimate_loss()
+        batches.check_unchanged()  # a file rewritten at the same size, or prepared again: stop before saving
         if master_process:
             log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                 f"{score_text(losses['val'], losses['val_acc'])}")
@@ -418,3 +416,4 @@ while True:
 progress.close()
 if ddp:
     dist.destroy_process_group()
+run.finish(always_save_checkpoint, best_val_loss, start_iter, max_iters)  # no ckpt.pt written: say why, exit 1

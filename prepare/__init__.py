@@ -6,12 +6,18 @@ stored the same way; 'pixels' read an image dataset's files (PIXELS_OF: no copy 
 subpixels, one token each (data.py). Each module's prepare(data_dir,
 source=None, ...) is idempotent: it returns at once when data_dir already holds what was asked.
 """
+import errno
 import importlib
 import json
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+
+from support.atomic import failure_line, write_or_exit, write_text
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, which holds data/ and the scripts
 
@@ -73,9 +79,84 @@ def prepare_dataset(name, data_dir, source, config, **extra):
     """Prepare dataset `name` into data_dir (download, or read `source`) unless it is already there. extra: passed
     on to the module's prepare (chars=: a character dataset encoded with a base model's characters)."""
     check_dataset_name(name)
+    check_source(data_dir, source, 'data_source')
     module, _, args = DATASETS[name]
     importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None,
                                                          **(args(config) if args else {}), **extra)
+
+
+# -----------------------------------------------------------------------------
+# writing a prepared folder: never half of it under its final names, a failure one line saying what is kept
+
+def write_prepared(data_dir, files, meta):
+    """Write a prepared folder: a meta.json of other settings is removed first (until the new one is written the
+    folder is not prepared: a run reading it stops, the next run prepares it again), then each file, {name:
+    write(temporary path)}, atomically, and meta.json last. A failed write (disk full) ends the script in one
+    `error:` line saying what is kept, no temporary file left (write_or_exit); Ctrl-C leaves none either."""
+    os.makedirs(data_dir, exist_ok=True)
+    meta_path = os.path.join(data_dir, 'meta.json')
+    if os.path.exists(meta_path):
+        os.remove(meta_path)
+    kept = f"no temporary file is left, and {data_dir} has no meta.json: it is prepared again on the next run"
+    for name, write in {**files, 'meta.json': lambda tmp: write_text(tmp, json.dumps(meta))}.items():
+        write_or_exit(os.path.join(data_dir, name), write, kept,
+                      "free some space (or raise the file size limit), then run it again")
+
+
+def array_file(array, npy=True):
+    """A write(path) of `array` for write_prepared: as .npy, or raw (a .bin of uint16 tokens). Through a Python file,
+    so that a failed write is an OSError that names its cause (No space left on device, File too large)."""
+    def write(path):
+        with open(path, 'wb') as f:
+            if npy:  # through f.write in chunks: np.save to a real file writes with C's fwrite, which drops errno
+                np.save(SimpleNamespace(write=f.write), array)
+            else:
+                f.write(np.ascontiguousarray(array).tobytes())
+    return write
+
+
+def disk_full(e):
+    """The OSError behind `e` (or `e` itself) where it says the disk is full (or a file size limit is reached)."""
+    while e is not None and not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def stop_if_disk_full(e, path, kept):
+    """One `error:` line where `e` is a full disk writing `path`: what failed, what is kept, to free space."""
+    if disk_full(e) is not None:
+        raise SystemExit(f"error: {failure_line(path, disk_full(e))}; {kept}; free some space (or raise the file "
+                         f"size limit), then run it again") from None
+
+
+@contextmanager
+def script_errors():
+    """A prepare script's own run: a bad --source or no network (OSError, RuntimeError, ValueError) is one `error:`
+    line; Ctrl-C too, exit code 130 (every write is atomic, meta.json last: nothing half-written is left)."""
+    try:
+        yield
+    except (OSError, RuntimeError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C); no temporary file is left, and meta.json (written last) says what is "
+              "prepared; run it again", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def same_source(source, recorded):
+    """Whether a source path given now is the one a meta.json records (as given then, or resolved)."""
+    return str(source) == str(recorded) or os.path.realpath(source) in (str(recorded), os.path.realpath(recorded))
+
+
+def check_source(data_dir, source, key):
+    """ValueError where `source` (a local copy, given as --key) is not what data_dir was prepared from (its
+    meta.json): a prepared folder is never prepared again, so the source would be ignored without a word."""
+    meta = read_meta(data_dir)
+    if not source or meta is None or meta.get('source') is None or same_source(source, meta['source']):
+        return
+    raise ValueError(f"{key}={source} but {data_dir} is already prepared from {meta['source']} (its meta.json): "
+                     f"pass another --data_dir to prepare {source} there, delete {data_dir} to prepare it "
+                     f"again from it, or drop --{key} to use what {data_dir} holds")
 
 
 # -----------------------------------------------------------------------------

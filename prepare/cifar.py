@@ -11,11 +11,16 @@ import argparse
 import io
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 from tqdm import tqdm
+
+if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prepare import array_file, check_source, script_errors, stop_if_disk_full, write_prepared
 
 DATASETS = {'cifar10': 'uoft-cs/cifar10', 'cifar100': 'uoft-cs/cifar100', 'mnist': 'ylecun/mnist'}  # name -> Hub id
 IMAGES = {'cifar10': ('img', 32, 'RGB'), 'cifar100': ('img', 32, 'RGB'),  # name -> image column, side, PIL mode
@@ -29,7 +34,16 @@ def expected_format(dataset, label_col):
             f"column '{column}' (image bytes, {side}x{side}) and column '{label_col}' (int class index)")
 
 def load(dataset, source, label_col):
+    """read_source; a full disk under the datasets cache (where the source is first converted) is one line."""
     import datasets  # here, not at the top: train.py calls prepare() on every start, and this import takes a second
+    try:
+        return read_source(dataset, source, label_col)
+    except Exception as e:
+        stop_if_disk_full(e, datasets.config.HF_DATASETS_CACHE, "nothing is written to the data folder yet")
+        raise
+
+def read_source(dataset, source, label_col):
+    import datasets
     # both paths end in the same DatasetDict with splits 'train' and 'test', so everything after is shared
     if source is None:
         try:
@@ -64,6 +78,7 @@ def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
         raise ValueError(f"label={label!r}: 'fine' or 'coarse' for cifar100, 'fine' for {dataset}")
     label_col = 'label' if dataset != 'cifar100' else f'{label}_label'
     data_dir = Path(data_dir) if data_dir else Path(__file__).resolve().parents[1] / 'data' / dataset
+    check_source(data_dir, source, 'source')  # a folder prepared from another copy: said, not ignored
     if (data_dir / 'meta.json').is_file():  # written last, so the arrays are complete: nothing to do
         meta = json.loads((data_dir / 'meta.json').read_text())
         if (meta.get('dataset'), meta.get('label')) != (dataset, label_col):
@@ -86,16 +101,9 @@ def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
             raise ValueError(f'{split} labels span [{y.min()}, {y.max()}], expected [0, {num_classes})')
         arrays[f'{name}_x'], arrays[f'{name}_y'], counts[name] = x, y, len(y)
     meta = {'kind': 'image', 'dataset': dataset, 'num_classes': num_classes, 'classes': classes, 'counts': counts,
-            'source': str(source) if source else DATASETS[dataset], 'label': label_col}
-    # write everything under temporary names, then rename: meta.json appears last, only when all arrays are there
-    data_dir.mkdir(parents=True, exist_ok=True)
-    for name, arr in arrays.items():
-        with open(data_dir / f'{name}.npy.tmp', 'wb') as f:
-            np.save(f, arr)
-    (data_dir / 'meta.json.tmp').write_text(json.dumps(meta, indent=1))
-    for name in [*arrays, 'meta']:
-        ext = 'json' if name == 'meta' else 'npy'
-        os.replace(data_dir / f'{name}.{ext}.tmp', data_dir / f'{name}.{ext}')
+            'source': os.path.realpath(source) if source else DATASETS[dataset], 'label': label_col}
+    # each array atomically, meta.json last: it appears only when all arrays are there
+    write_prepared(data_dir, {f'{name}.npy': array_file(arr) for name, arr in arrays.items()}, meta)
     return meta
 
 if __name__ == '__main__':
@@ -105,8 +113,6 @@ if __name__ == '__main__':
     parser.add_argument('--data_dir', default=None, help='output folder (default: data/<dataset> in the repo)')
     parser.add_argument('--label', default='fine', choices=['fine', 'coarse'], help='CIFAR-100 label set')
     args = parser.parse_args()
-    try:
+    with script_errors():  # bad --source, no network, Ctrl-C: one line, not a traceback
         meta = prepare(args.data_dir, args.dataset, args.source, args.label)
-    except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
-        raise SystemExit(f"error: {e}")
     print(f"{meta['dataset']}: {meta['counts']} images, {meta['num_classes']} classes, from {meta['source']}")

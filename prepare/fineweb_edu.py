@@ -12,7 +12,7 @@ if __name__ == "__main__":  # run as a script: make the `prepare` package import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import load_dataset
 
-from prepare import default_data_dir
+from prepare import check_source, default_data_dir, script_errors
 from prepare.text import arg_parser, open_dataset, prepare_text, prepared_enough
 
 HUB = "HuggingFaceFW/fineweb-edu"
@@ -21,6 +21,7 @@ DATA_DIR = default_data_dir("fineweb_edu")
 
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, sample="sample-10BT", **kwargs):
     """Tokenize FineWeb-Edu (the hub, or a local `source`) into data_dir; kwargs go to prepare_text. Returns meta."""
+    check_source(data_dir, source, "source")  # a folder prepared from another copy: said, not ignored
     if meta := prepared_enough(data_dir, max_tokens, kwargs.get("min_val_tokens", 0)):
         return meta
     def load_hub():  # streaming, so a partial budget downloads only what it reads
@@ -32,7 +33,5 @@ def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, sample="sample-10BT
 if __name__ == "__main__":
     parser = arg_parser(__doc__, DATA_DIR)
     parser.add_argument("--sample", default="sample-10BT", help="which FineWeb-Edu sample on the hub")
-    try:
+    with script_errors():  # bad --source, no network, Ctrl-C: one line, not a traceback
         prepare(**vars(parser.parse_args()))
-    except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
-        raise SystemExit(f"error: {e}")

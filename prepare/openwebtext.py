@@ -14,7 +14,7 @@ if __name__ == "__main__":  # run as a script: make the `prepare` package import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import load_dataset
 
-from prepare import default_data_dir
+from prepare import check_source, default_data_dir, script_errors
 from prepare.text import arg_parser, open_dataset, prepare_text, prepared_enough, read_meta
 
 HUB = "Skylion007/openwebtext"
@@ -43,6 +43,7 @@ def load_hub(prefer=None):
 
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, **kwargs):
     """Tokenize OpenWebText (the hub, or a local `source`) into data_dir; kwargs go to prepare_text. Returns meta."""
+    check_source(data_dir, source, "source")  # a folder prepared from another copy: said, not ignored
     if meta := prepared_enough(data_dir, max_tokens, kwargs.get("min_val_tokens", 0)):
         return meta
     previous = (read_meta(data_dir) or {}).get("source")  # continue from the same copy, not another one
@@ -51,7 +52,5 @@ def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, **kwargs):
 
 
 if __name__ == "__main__":
-    try:
+    with script_errors():  # bad --source, no network, Ctrl-C: one line, not a traceback
         prepare(**vars(arg_parser(__doc__, DATA_DIR).parse_args()))
-    except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
-        raise SystemExit(f"error: {e}")

@@ -22,6 +22,11 @@ import os
 
 import numpy as np
 
+if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prepare import array_file, write_prepared
+
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'passkey')
 FILLER = 16
 DIGITS = 4  # digits of a passkey (what train.py's passkey runs use)
@@ -136,15 +141,12 @@ def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_tr
     meta_path = os.path.join(data_dir, 'meta.json')
     if os.path.exists(meta_path) and json.load(open(meta_path)).get('task') == task:
         return
-    os.makedirs(data_dir, exist_ok=True)
+    files = {}
     for split, n, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1)):
-        for name, arr in zip('xy', make_examples(n, seq_len, digits, split_seed, needles)):
-            np.save(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), arr)
-            os.replace(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), os.path.join(data_dir, f'{split}_{name}.npy'))
-    meta = dict(dataset='passkey', kind='examples', encoding='tokens', vocab_size=vocab_size(), task=task)
-    with open(meta_path + '.tmp', 'w') as f:
-        json.dump(meta, f)
-    os.replace(meta_path + '.tmp', meta_path)
+        for part, arr in zip('xy', make_examples(n, seq_len, digits, split_seed, needles)):
+            files[f'{split}_{part}.npy'] = array_file(arr)
+    write_prepared(data_dir, files, dict(dataset='passkey', kind='examples', encoding='tokens',
+                                         vocab_size=vocab_size(), task=task))
 
 
 if __name__ == '__main__':

@@ -18,6 +18,11 @@ import os
 
 import numpy as np
 
+if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prepare import array_file, write_prepared
+
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'recall')
 
 
@@ -49,15 +54,12 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
     meta_path = os.path.join(data_dir, 'meta.json')
     if os.path.exists(meta_path) and json.load(open(meta_path)).get('task') == task:
         return
-    os.makedirs(data_dir, exist_ok=True)
+    files = {}
     for split, n, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1)):
-        for name, arr in zip('xy', make_examples(n, num_keys, num_pairs, seq_len, split_seed)):
-            np.save(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), arr)
-            os.replace(os.path.join(data_dir, f'{split}_{name}.tmp.npy'), os.path.join(data_dir, f'{split}_{name}.npy'))
-    meta = dict(dataset='recall', kind='examples', encoding='tokens', vocab_size=2 * num_keys, task=task)
-    with open(meta_path + '.tmp', 'w') as f:
-        json.dump(meta, f)
-    os.replace(meta_path + '.tmp', meta_path)
+        for part, arr in zip('xy', make_examples(n, num_keys, num_pairs, seq_len, split_seed)):
+            files[f'{split}_{part}.npy'] = array_file(arr)
+    write_prepared(data_dir, files, dict(dataset='recall', kind='examples', encoding='tokens', vocab_size=2 * num_keys,
+                                         task=task))
 
 
 if __name__ == '__main__':

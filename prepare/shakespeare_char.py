@@ -4,11 +4,15 @@ Tiny Shakespeare at the character level, as in nanoGPT: 65 characters, 90% train
 $ python prepare/shakespeare_char.py [--source=path/to/input.txt] [--data_dir=data/shakespeare_char]
 """
 import argparse
-import json
 import os
+import sys
 import urllib.request
 
 import numpy as np
+
+if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prepare import array_file, check_source, script_errors, write_prepared
 
 URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'shakespeare_char')
@@ -31,6 +35,7 @@ def read_text(source):
 def prepare(data_dir=DEFAULT_DIR, source=None, chars=None):
     """Write train.bin, val.bin and meta.json into data_dir; return at once if they are already there. chars: the
     characters to encode with, in token order (a base model's, to fine-tune it on another text); default the text's."""
+    check_source(data_dir, source, 'source')  # a folder prepared from another text: said, not ignored
     if os.path.exists(os.path.join(data_dir, 'meta.json')):
         return
     text = read_text(source)
@@ -44,20 +49,16 @@ def prepare(data_dir=DEFAULT_DIR, source=None, chars=None):
     n = int(0.9 * len(tokens))
     splits = {'train': tokens[:n], 'val': tokens[n:]}
     write_splits(data_dir, splits, dict(dataset='shakespeare_char', kind='text', encoding='chars', vocab_size=len(chars),
-                                        itos=chars, source=str(source or URL)))
+                                        itos=chars, source=os.path.realpath(source) if source else URL))
     print(f"{len(text):,} characters, vocab {len(chars)}: train {n:,} tokens, val {len(tokens) - n:,} -> {data_dir}")
 
 
 def write_splits(data_dir, splits, meta):
-    """train.bin and val.bin (uint16 tokens) and meta.json (with each split's token count), each under a temporary
-    name first; meta.json last, since its presence marks the folder done."""
-    os.makedirs(data_dir, exist_ok=True)
-    for split, ids in splits.items():
-        np.asarray(ids, dtype=np.uint16).tofile(os.path.join(data_dir, f'{split}.bin.tmp'))
-        os.replace(os.path.join(data_dir, f'{split}.bin.tmp'), os.path.join(data_dir, f'{split}.bin'))
-    with open(os.path.join(data_dir, 'meta.json.tmp'), 'w') as f:
-        json.dump({**meta, 'tokens': {split: len(ids) for split, ids in splits.items()}}, f)
-    os.replace(os.path.join(data_dir, 'meta.json.tmp'), os.path.join(data_dir, 'meta.json'))
+    """train.bin and val.bin (uint16 tokens) and meta.json (with each split's token count), through write_prepared:
+    each atomically, meta.json last, since its presence marks the folder done."""
+    write_prepared(data_dir, {f'{split}.bin': array_file(np.asarray(ids, dtype=np.uint16), npy=False)
+                              for split, ids in splits.items()},
+                   {**meta, 'tokens': {split: len(ids) for split, ids in splits.items()}})
 
 
 def main(prepare, default_dir, doc):
@@ -66,10 +67,8 @@ def main(prepare, default_dir, doc):
     parser.add_argument('--source', default=None, help="local input.txt instead of the download")
     parser.add_argument('--data_dir', default=default_dir)
     args = parser.parse_args()
-    try:
+    with script_errors():  # bad --source, no network, Ctrl-C: one line, not a traceback
         prepare(args.data_dir, args.source)
-    except (OSError, RuntimeError, ValueError) as e:  # bad --source, or no network: one line, not a traceback
-        raise SystemExit(f"error: {e}")
 
 
 if __name__ == '__main__':

@@ -9,7 +9,9 @@ in meta.json), so that a small budget or a small source still gets a val split t
 
 meta.json is the record of what is done. The token files are only ever appended to, under temporary names while a
 run is on, and are cut back to the counts in meta.json when a run starts. So a killed run, or a rerun with a larger
---max_tokens, continues from the last record and ends byte-identical to one uninterrupted run.
+--max_tokens, continues from the last record and ends byte-identical to one uninterrupted run. A run stopped by a
+failed write (disk full), Ctrl-C or an error puts them back under their final names, cut to that record: no
+temporary file is left, and a failed write is one `error:` line saying how many tokens are kept.
 """
 import argparse
 import itertools
@@ -23,7 +25,8 @@ import tiktoken
 from datasets import load_dataset
 from tqdm import tqdm
 
-from prepare import read_meta  # noqa: F401 (openwebtext.py reads it from here too)
+from prepare import read_meta, stop_if_disk_full  # read_meta: openwebtext.py reads it from here too
+from support.atomic import write_atomically, write_text
 
 EOT = 50256  # <|endoftext|>
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}  # suffix -> datasets loader
@@ -90,10 +93,8 @@ def tokenized(texts, num_proc, chunk_docs):
 
 
 def write_json(path, obj):
-    """Write to a temporary name, then rename: the file under its final name is always whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write to a temporary name, then rename: the file under its final name is always whole (write_atomically)."""
+    write_atomically(path, lambda tmp: write_text(tmp, json.dumps(obj, indent=2) + "\n"))
 
 
 def open_tokens(data_dir, split, n_tokens):
@@ -118,6 +119,21 @@ def commit(files, data_dir, meta, final=False):
             f.close()
             os.replace(data_dir / f"{split}.bin.tmp", data_dir / f"{split}.bin")
     write_json(data_dir / "meta.json", meta)
+
+
+def put_back(data_dir):
+    """After a stop: each split under its final name again, cut to the tokens meta.json records (removed where there
+    is no meta.json, nothing recorded), so that no temporary file is left and the next run goes on from there."""
+    meta = read_meta(data_dir)
+    for split in ("train", "val"):
+        final, tmp = data_dir / f"{split}.bin", data_dir / f"{split}.bin.tmp"
+        path = tmp if tmp.exists() else final
+        if path.exists() and meta is None:
+            path.unlink()
+        elif path.exists():
+            os.truncate(path, 2 * meta["tokens"][split])
+            os.replace(path, final)
+    return meta
 
 
 def prepared_enough(data_dir, max_tokens, min_val_tokens=0):
@@ -154,7 +170,7 @@ def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_
     texts = (row["text"] for row in dataset.skip(doc_index))  # documents consumed by earlier runs are skipped
     docs = tokenized(texts, num_proc or max(1, os.cpu_count() // 2), chunk_docs)
     progress = tqdm(total=max_tokens, initial=total, unit="tok", unit_scale=True, desc=f"tokenizing {data_dir.name}")
-    committed = total
+    committed, split, finished = total, "train", False
     try:
         for tokens in docs:
             split = "val" if doc_index % val_every == 0 or meta["tokens"]["val"] < val_first else "train"
@@ -172,14 +188,32 @@ def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_
         else:
             meta["complete"] = True  # the source ran out before the budget
         commit(files, data_dir, meta, final=True)
-    finally:  # also when interrupted: stop the workers and close the files (a tail past meta.json is cut next run)
+        finished = True
+    except OSError as e:  # a full disk: one line saying what is kept (meta.json's record: put_back leaves it)
+        stop_if_disk_full(e, str(e.filename).removesuffix(".tmp") if e.filename else data_dir / f"{split}.bin",
+                          kept_tokens(data_dir))
+        raise
+    finally:  # also when interrupted: stop the workers, close the files, put them back as meta.json records them
         docs.close()
         progress.close()
         for f in files.values():
-            f.close()
+            try:
+                f.close()
+            except OSError:
+                pass  # a full disk: the buffered tail is lost, and put_back cuts it anyway
+        if not finished:
+            put_back(data_dir)
     print(f"{data_dir}: train {meta['tokens']['train']:,} tokens ({meta['documents']['train']:,} docs), "
           f"val {meta['tokens']['val']:,} tokens ({meta['documents']['val']:,} docs), complete={meta['complete']}")
     return meta
+
+
+def kept_tokens(data_dir):
+    """What a stopped run keeps (read after put_back): the tokens meta.json records."""
+    meta = read_meta(data_dir)
+    if meta is None:
+        return f"{data_dir} holds nothing prepared (no meta.json), and no temporary file"
+    return f"{data_dir} keeps the {sum(meta['tokens'].values()):,} tokens its meta.json records, no temporary file left"
 
 
 def arg_parser(description, data_dir):

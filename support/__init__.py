@@ -6,7 +6,7 @@ What train.py and the scripts share, written once; nothing here is needed to rea
   atomic.py      files written atomically (ckpt.pt, the scripts' outputs); a failed write as one line
   resume.py      going on from a checkpoint: whether this run may, the RNG states that make it exact, what a stop keeps
   rundir.py      a training run's hold on out_dir: its lock (run.lock), Ctrl-C and failed writes as one line, cleanup
-  metrics.py     the metrics log, log.jsonl, trimmed back to the checkpoint on resume
+  metrics.py     the metrics log, log.jsonl, trimmed back to the checkpoint on resume; an earlier run's kept till ours
   checks.py      train.py's settings, each checked before any work, one `error:` line naming the key
   runtime.py     config keys from the model dataclasses, device precision and autocast, peak FLOP/s, DDP sums
   pretrained.py  starting from a base (GPT-2 from the Hub, a folder in its layout, a checkpoint of ours)

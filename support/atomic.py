@@ -1,11 +1,10 @@
 """
 Writing a file atomically: a reader sees the old file or the new one, never half of one, and a write that fails
 (disk full, a missing folder, Ctrl-C) leaves nothing behind. save_checkpoint writes ckpt.pt this way; failure_line is
-the one line a failed write is told in; write_or_exit ends a script's output write in it.
+the one line a failed write is told in; write_or_exit ends a script's output write in it (a prepared folder's files
+too: prepare.write_prepared).
 """
 import os
-
-import torch
 
 
 def write_atomically(path, write):
@@ -25,6 +24,8 @@ def write_atomically(path, write):
 def save_checkpoint(checkpoint, path):
     """Write `checkpoint` to `path` atomically (write_atomically). Through a Python file, so that a failed write
     (disk full) is an OSError behind torch's RuntimeError, which failure_line reads."""
+    import torch  # here: the prepare scripts write through this module too, and need no torch
+
     def write(tmp):
         with open(tmp, 'wb') as f:
             torch.save(checkpoint, f)

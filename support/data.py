@@ -6,6 +6,7 @@ each, 256 values) for the pixel model, which predicts subpixels 2..N from their 
 rows ix (and a training batch of images by an augmentation seed too), drawn from a generator the caller owns, so a
 resumed run and N DDP processes read exactly what one uninterrupted run would.
 """
+import hashlib
 import math
 import os
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from prepare import dataset_kind
+from prepare import dataset_kind, read_meta
 
 
 # -----------------------------------------------------------------------------
@@ -96,7 +97,35 @@ def mixup_cutmix(x, y_soft, mixup_alpha=0.8, cutmix_alpha=1.0, cutmix_prob=0.8, 
 
 
 class DataChanged(ValueError):
-    """A data file shrank or vanished while a run read it."""
+    """A data file shrank, vanished or was written again while a run read it, or its folder was prepared again."""
+
+
+def file_stamp(path):
+    """(size, modification time in ns, inode): what a write in place or a rename onto the file changes."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def sampled_digest(path, blocks=4, block=4096):
+    """A digest of `blocks` blocks spread over the file, its first and last among them: a rewrite that kept the size
+    and the modification time shows, for a few reads."""
+    size, h = os.path.getsize(path), hashlib.blake2b(digest_size=16)
+    with open(path, 'rb') as f:
+        for i in range(blocks):
+            f.seek(max(0, size - block) * i // (blocks - 1))
+            h.update(f.read(block))
+    return h.hexdigest()
+
+
+def differences(old, new, prefix=''):
+    """'key=old is now new' for each setting of two meta.json dicts that differs (a nested dict's keys by name)."""
+    out = []
+    for key in [k for k in {**old, **new} if old.get(k) != new.get(k)]:
+        if isinstance(old.get(key), dict) and isinstance(new.get(key), dict):
+            out += differences(old[key], new[key], f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={old.get(key)!r} is now {new.get(key)!r}")
+    return out
 
 
 def bits_per_dim(loss):
@@ -113,8 +142,9 @@ def answer_counts(logits, targets):
 class Batches:
     """Batches of `dataset` in data_dir, whose meta.json and {split: rows} (tokens for text, else examples)
     prepare.check_files gives. A ValueError if num_classes (0: take it from the data) disagrees with the data.
-    on_change(what, todo): what a data file that shrinks or vanishes mid-run does (train.py: stop in one line saying
-    what is kept); None: a DataChanged."""
+    on_change(what, todo): what a data file that shrinks, vanishes or is written again mid-run does (train.py: stop
+    in one line saying what is kept); None: a DataChanged. Each file read batch by batch is stamped when the run
+    begins (size, modification time, inode: checked at every batch) and sampled (check_unchanged)."""
 
     def __init__(self, dataset, data_dir, meta, split_rows, block_size, batch_size, device, num_classes=0,
                  augment=True, mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_prob=0.8, label_smoothing=0.0,
@@ -141,10 +171,13 @@ class Batches:
             if block_size != tokens - 1:  # no start token: the first subpixel is read, never predicted
                 raise ValueError(f"block_size={block_size} but {dataset} images are {tokens:,} subpixels, of which a "
                                  f"model reads the first {tokens - 1:,}; pass --block_size={tokens - 1}")
-        # the files read batch by batch, and their sizes now: one that shrinks or vanishes mid-run is caught (file)
+        # the files read batch by batch, stamped and sampled now: one that changes mid-run is caught (file,
+        # check_unchanged); images are read once, into memory, and a change on disk does not touch the run
         names = {'text': ('{}.bin',), 'examples': ('{}_x.npy', '{}_y.npy'), 'pixels': ('{}_x.npy',)}.get(self.kind, ())
-        self.file_sizes = {name.format(split): os.path.getsize(os.path.join(data_dir, name.format(split)))
-                           for split in ('train', 'val') for name in names}
+        paths = {name.format(split): os.path.join(data_dir, name.format(split))
+                 for split in ('train', 'val') for name in names}
+        self.stamps = {name: file_stamp(path) for name, path in paths.items()}
+        self.digests = {name: sampled_digest(path) for name, path in paths.items()}
         # distinct batch rows: a text row is a window of block_size tokens and its targets, one token further
         self.sizes = {split: n - block_size if self.kind == 'text' else n for split, n in split_rows.items()}
 
@@ -196,18 +229,45 @@ class Batches:
         return torch.arange(self.split_rows[split])
 
     def file(self, name):
-        """The path of data file `name` (one load_batch reads), unless it shrank or vanished since the run began (the
-        folder deleted, or prepared again by another process): then changed() says so, naming it. An os.stat per
-        batch: microseconds, and a truncated file is never read as a batch (nor memory-mapped past its end)."""
+        """The path of data file `name` (one load_batch reads), unless it shrank, vanished or was written again since
+        the run began (the folder deleted, or prepared again by another process): then changed() says so, naming
+        it. An os.stat per batch: microseconds, and a truncated file is never read as a batch (nor memory-mapped past
+        its end)."""
         path = os.path.join(self.data_dir, name)
         try:
-            size = os.stat(path).st_size
+            stamp = file_stamp(path)
         except OSError as e:
             self.changed(f"{path} is gone ({e.strerror}): the data changed during the run")
-        if size != self.file_sizes[name]:
-            self.changed(f"{path} holds {size:,} bytes, {self.file_sizes[name]:,} when the run began: the data changed "
-                         f"during the run")
+        if stamp[0] != self.stamps[name][0]:
+            self.changed(f"{path} holds {stamp[0]:,} bytes, {self.stamps[name][0]:,} when the run began: the data "
+                         f"changed during the run")
+        if stamp != self.stamps[name]:
+            self.changed(f"{path} was written again during the run, at the same size (another modification time or "
+                         f"file): the data changed during the run")
         return path
+
+    def check_unchanged(self):
+        """At each evaluation, before a checkpoint: every file still holds the blocks it held when the run began (a
+        rewrite that kept the size and the time), and meta.json the same settings (the folder prepared again, with
+        other settings); else changed() says which. A few reads per file."""
+        if self.kind == 'image':
+            return
+        for name, before in self.digests.items():
+            path = self.file(name)
+            if sampled_digest(path) != before:
+                self.changed(f"{path} holds other bytes than when the run began (rewritten in place, at the same "
+                             f"size and time): the data changed during the run")
+        path = os.path.join(self.data_dir, 'meta.json')
+        try:
+            meta = read_meta(self.data_dir)
+        except ValueError:  # damaged: being written this moment, or by hand
+            self.changed(f"{path} cannot be read: the data folder changed during the run")
+        if meta is None:
+            self.changed(f"{path} is gone: the data folder changed during the run")
+        if meta != self.meta:
+            self.changed(f"{path} was written again ({', '.join(differences(self.meta, meta)[:3])}): the data folder "
+                         f"was prepared again during the run (a run of other data settings needs a --data_dir of its "
+                         f"own)")
 
     def changed(self, what):
         """A data file changed mid-run: on_change(what, what to do) where the caller gave one (train.py: one line with

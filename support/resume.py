@@ -44,10 +44,12 @@ def restore_rng_states(states, rank, world_size, device_type):
             torch.cuda.set_rng_state(states[rank]['cuda'].cpu())
 
 
-def kept_checkpoint_line(saved_iter, path):
+def kept_checkpoint_line(saved_iter, path, earlier_log=False):
     """What a stop can truthfully say about the checkpoint at `path`; saved_iter: the iteration this run saved
-    there (or resumed from), None if neither."""
+    there (or resumed from), None if neither. earlier_log: the folder's log.jsonl is an earlier run's, kept too."""
     if saved_iter is not None:
         return f"the last good checkpoint, iteration {saved_iter}, is kept in {path}"
-    earlier = f" ({path} is from an earlier run)" if os.path.exists(path) else ''
+    names = [name for name, there in (('ckpt.pt', os.path.exists(path)), ('log.jsonl', earlier_log)) if there]
+    earlier = f" (the earlier run's {' and '.join(names)} in {os.path.dirname(path) or '.'} " \
+              f"{'are kept as they were' if len(names) > 1 else 'is kept as it was'})" if names else ''
     return f"this run wrote no checkpoint yet{earlier}"

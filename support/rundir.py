@@ -1,7 +1,8 @@
 """
 A training run's hold on out_dir (RunDir): the lock (run.lock) that keeps a second run out, read through /proc
 (alive) to tell a live holder from a dead one; the atomic writes whose failure (disk full) is one line saying what
-is kept; Ctrl-C as one such line; and the cleanup at exit.
+is kept; Ctrl-C as one such line; the metrics log, which keeps an earlier run's log.jsonl until this run's first
+checkpoint; the line a run that wrote no checkpoint ends in; and the cleanup at exit.
 """
 import atexit
 import json
@@ -12,6 +13,7 @@ import sys
 import time
 
 from support.atomic import failure_line, save_checkpoint, write_atomically, write_text
+from support.metrics import MetricsLog
 from support.resume import kept_checkpoint_line
 
 
@@ -22,19 +24,32 @@ class RunDir:
     with O_EXCL, holding `pid host`): a lock of a live process refuses the run, naming the pid; one left by a dead
     process (a crash, kill -9) is taken over. At exit (atexit; after an error or Ctrl-C too) the lock is released and
     the folders open() made are removed where they are still empty. save() and write_json() write atomically; a
-    failed write (disk full) or data gone mid-run (stop) ends the run in one line saying what is kept.
+    failed write (disk full) or data gone mid-run (stop) ends the run in one line saying what is kept. A run that
+    does not resume leaves an earlier run's ckpt.pt and log.jsonl byte for byte until its own first checkpoint
+    (metrics_log: MetricsLog); a training run that ends with none says why (finish).
     saved_iter: the iteration of the checkpoint this run saved (or resumed from), None if neither."""
 
     def __init__(self, out_dir, master=True):
         self.out_dir, self.master = out_dir, master
         self.ckpt_path, self.lock_path = os.path.join(out_dir, 'ckpt.pt'), os.path.join(out_dir, 'run.lock')
         self.saved_iter, self.made, self.locked, self.interrupted = None, [], False, False
+        self.log, self.log_digest, self.writes = None, None, False
         signal.signal(signal.SIGINT, self.interrupt)
         atexit.register(self.close)
 
     def kept(self):
-        """What this run keeps: kept_checkpoint_line of its ckpt.pt."""
-        return kept_checkpoint_line(self.saved_iter, self.ckpt_path)
+        """What this run keeps: kept_checkpoint_line of its ckpt.pt (and of an earlier run's log.jsonl)."""
+        return kept_checkpoint_line(self.saved_iter, self.ckpt_path, self.log is not None and self.log.earlier)
+
+    def resume_from(self, checkpoint):
+        """Note the checkpoint this run goes on from; its (iteration, best val loss)."""
+        self.saved_iter, self.log_digest = checkpoint['iter_num'], checkpoint.get('log_digest')
+        return checkpoint['iter_num'], checkpoint['best_val_loss']
+
+    def metrics_log(self, wandb_log=False):
+        """The run's MetricsLog: trimmed back to the checkpoint it resumes from, or beside an earlier run's."""
+        self.log = MetricsLog(self.out_dir, self.saved_iter, wandb_log, self.stop_on_failed_write, self.log_digest)
+        return self.log
 
     def go_on(self):
         """How to go on after a stop: from this run's checkpoint where there is one."""
@@ -63,6 +78,7 @@ class RunDir:
                              f"you can write to") from None
         if lock:
             self.take_lock()
+        self.writes = lock
 
     def take_lock(self):
         for _ in range(5):  # a stale lock removed, then created again: another run may do the same at once
@@ -109,11 +125,29 @@ class RunDir:
         return f"pid {pid}" if pid != os.getpid() and alive(pid) else None
 
     def save(self, checkpoint):
-        """save_checkpoint to ckpt.pt; a failed write ends the run in one line, the previous ckpt.pt as it was."""
+        """save_checkpoint to ckpt.pt, then this run's pending log onto log.jsonl (MetricsLog.commit); a failed write
+        ends the run in one line, the previous ckpt.pt as it was."""
+        if self.log is not None and self.log.earlier:
+            checkpoint = {**checkpoint, 'log_digest': self.log.pending_digest()}  # a kill before the log's rename
         try:
             save_checkpoint(checkpoint, self.ckpt_path)
         except (OSError, RuntimeError) as e:
             self.stop_on_failed_write(self.ckpt_path, e)
+        if self.log is not None:
+            self.log.commit()
+
+    def finish(self, always_save_checkpoint, best_val_loss, start_iter, max_iters):
+        """The end of a training run: where it wrote no checkpoint (and resumed from none), one line saying why and
+        what is kept, exit code 1: a run asked for a model that ends without ckpt.pt is not a success."""
+        if self.saved_iter is not None or not self.writes or not self.master:
+            return
+        if max_iters <= start_iter:
+            why, todo = f"max_iters={max_iters} trains no iteration", f"pass --max_iters={start_iter + 1} or more"
+        else:
+            why = (f"the val loss never went below {best_val_loss:.4f}, iteration {start_iter}'s, and "
+                   f"always_save_checkpoint=False writes a checkpoint only when it does")
+            todo = "pass --always_save_checkpoint=True to keep the trained model, or lower learning_rate"
+        raise SystemExit(f"error: {why}, so {self.kept().replace(' yet', '')}; {todo}")
 
     def write_json(self, name, obj):
         path = os.path.join(self.out_dir, name)
@@ -127,7 +161,13 @@ class RunDir:
         self.stop(failure_line(path, e), "free some space (or raise the file size limit)")
 
     def close(self):
-        """At exit: release the lock, remove the empty folders open() made, and after Ctrl-C say what is kept."""
+        """At exit: release the lock, drop a pending log that no checkpoint of this run took up, remove the empty
+        folders open() made, and after Ctrl-C say what is kept."""
+        if self.log is not None:
+            try:
+                self.log.discard()
+            except OSError:
+                pass
         if self.locked:
             try:
                 with open(self.lock_path) as f:

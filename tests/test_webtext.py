@@ -122,6 +122,7 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, monkeypatch, first_bud
             raise KeyboardInterrupt  # as if killed after writing tokens it had not yet recorded
         real_commit(*args, **kwargs)
     monkeypatch.setattr(text, "commit", killed_on_third_commit)
+    monkeypatch.setattr(text, "put_back", lambda data_dir: None)  # a kill runs no cleanup (Ctrl-C does: put_back)
     with pytest.raises(KeyboardInterrupt):
         fineweb_edu.prepare(part, **options)
     monkeypatch.undo()
