@@ -6,9 +6,14 @@ $ python prepare/shakespeare_char.py [--source=path/to/input.txt] [--data_dir=da
 import argparse
 import json
 import os
+import sys
 import urllib.request
 
 import numpy as np
+
+if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prepare import read_meta
 
 URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'shakespeare_char')
@@ -18,7 +23,12 @@ def read_text(source):
     if source:
         if not os.path.isfile(source):
             raise FileNotFoundError(f"--source={source} does not exist; give the path of tiny-shakespeare's input.txt")
-        return open(source, encoding='utf-8').read()
+        with open(source, encoding='utf-8') as f:
+            text = f.read()
+        if not text.strip():  # nothing to learn from: refused, not prepared as 0 tokens
+            raise ValueError(f"--source={source} is empty; give the path of tiny-shakespeare's input.txt or another "
+                             f"text")
+        return text
     try:
         with urllib.request.urlopen(URL, timeout=30) as r:
             return r.read().decode('utf-8')
@@ -31,7 +41,7 @@ def read_text(source):
 def prepare(data_dir=DEFAULT_DIR, source=None, chars=None):
     """Write train.bin, val.bin and meta.json into data_dir; return at once if they are already there. chars: the
     characters to encode with, in token order (a base model's, to fine-tune it on another text); default the text's."""
-    if os.path.exists(os.path.join(data_dir, 'meta.json')):
+    if read_meta(data_dir) is not None:  # a damaged one is a ValueError naming it
         return
     text = read_text(source)
     unknown = sorted(set(text) - set(chars or text))
@@ -50,7 +60,12 @@ def prepare(data_dir=DEFAULT_DIR, source=None, chars=None):
 
 def write_splits(data_dir, splits, meta):
     """train.bin and val.bin (uint16 tokens) and meta.json (with each split's token count), each under a temporary
-    name first; meta.json last, since its presence marks the folder done."""
+    name first; meta.json last, since its presence marks the folder done. A split with no token is a ValueError naming
+    the source, before anything is written."""
+    if not all(len(ids) for ids in splits.values()):
+        counts = ' and '.join(f"{len(ids)} {split}" for split, ids in splits.items())
+        raise ValueError(f"{meta['source']} is too short: it makes {counts} tokens, and each split needs some; give "
+                         f"--source=PATH of a longer text")
     os.makedirs(data_dir, exist_ok=True)
     for split, ids in splits.items():
         np.asarray(ids, dtype=np.uint16).tofile(os.path.join(data_dir, f'{split}.bin.tmp'))
