@@ -13,6 +13,7 @@ import torch
 
 from attention import check_attention_name
 from model import GPTConfig
+from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, check_init_from
 from prepare import DATASETS, check_dataset_name, dataset_kind
 from prepare.passkey import DIGITS, parse_needles, shortest
@@ -105,6 +106,8 @@ def check_train_config(config, world_size=1, set_keys=()):
                          "--init_from=resume")
     check_init_from(c['init_from'])
     no_checkpoint = not os.path.exists(os.path.join(c['out_dir'], 'ckpt.pt'))
+    if c['init_from'] in ('resume', 'auto') and not no_checkpoint:  # what it goes on from, before any data is prepared
+        load_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), 'cpu', resume=True, mmap=True)
     if c['lora_rank'] and (c['init_from'] == 'scratch' or c['init_from'] == 'auto' and no_checkpoint):
         raise ValueError(f"lora_rank={c['lora_rank']} trains low-rank updates of a base's frozen weights, but "
                          f"init_from={c['init_from']!r} starts from random ones; pass --init_from=BASE (gpt2, a "

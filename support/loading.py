@@ -53,11 +53,12 @@ def load_run(path, device='cpu', hint="train one first or pass --out_dir=DIR", *
     return Run(merge_lora(model).to(device).eval(), config, meta, data_dir, checkpoint.get('iter_num', 0))
 
 
-def load_checkpoint(path, device, hint="check out_dir", resume=False):
+def load_checkpoint(path, device, hint="check out_dir", resume=False, mmap=False):
     """The checkpoint dict at `path`, or SystemExit with one `error:` line that says what to do: also where it is not
-    a train.py checkpoint, or not one a run can go on from where `resume` (check_checkpoint)."""
+    a train.py checkpoint, or not one a run can go on from where `resume` (check_checkpoint). mmap: its tensors are
+    not read until used (a check before any work costs no memory)."""
     try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
+        checkpoint = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise SystemExit(f"error: no checkpoint at {path}; {hint}")
     except Exception as e:
