@@ -387,13 +387,14 @@ def main():
             opened.append((path, run, val_batch(run.config, data_dir or run.data_dir, run.model.config.block_size)))
         except Skip as e:
             print(f"error: {path}: {e}")
-            problems.append(path)
-    if problems:  # each said why above
-        raise SystemExit(f"error: none of the {len(dirs)} out_dir(s) could be analysed ({', '.join(problems)}: each "
-                         f"said why above); pass --out_dir=DIR of a train.py run" if len(problems) == len(dirs) else
-                         f"error: {', '.join(problems)} cannot be analysed (said why above), so nothing was: fix "
-                         f"{'them' if len(problems) > 1 else 'it'} or drop {'them' if len(problems) > 1 else 'it'} "
-                         f"from --out_dir")
+            problems.append((path, str(e)))
+    if problems:  # a line each (above), then the verdict naming them
+        names, many = ', '.join(path for path, _ in problems), len(problems) > 1
+        if len(problems) == len(dirs):
+            raise SystemExit(f"error: none of the {len(dirs)} out_dir(s) could be analysed ({names}: each said why "
+                             f"above); pass --out_dir=DIR of a train.py run")
+        raise SystemExit(f"error: {names} (said why above) cannot be analysed, so nothing was: fix "
+                         f"{'them' if many else 'it'} or drop {'them' if many else 'it'} from --out_dir")
     for path, run, x in opened:
         model, config = run.model, run.config
         runs = [(path, model, run.iter_num)]

@@ -137,7 +137,7 @@ def test_an_option_for_another_kind_of_model_is_refused_naming_it(d):
         (['sample.py', f'--out_dir={d / "pixels"}', '--device=cpu', '--start=hello', f'--png={d}/p.png'],
          ["start='hello'", 'pixel model', 'drop --start'], f'{d}/p.png'),
         (['studies/analyze.py', f'--out_dir={d / "text"},{d / "missing"}', f'--json_path={d}/a.json'],
-         [f'{d / "missing"} cannot be analysed', '--out_dir'], f'{d}/a.json'),
+         [f'{d / "missing"} (said why above) cannot be analysed', 'drop it from --out_dir'], f'{d}/a.json'),
     ]
     results = run_cases(d, cases)
     assert '== ' not in results[-1][1]  # no table: nothing was analysed

@@ -256,7 +256,7 @@ def test_whole_split_eval_and_analyze_bad_input(rows):
     assert rc == 1 and 'Traceback' not in out and len(errors) == 3, out[-3000:]
     assert 'nope/ckpt.pt' in errors[0] and "holds 'recall' (examples) data, but the checkpoint was trained on " \
         "'shakespeare_char' (text)" in errors[1], errors
-    assert errors[2] == (f"error: {folder / 'nope'}, {folder / 'ckpt_chars'} cannot be analysed (said why above), so "
+    assert errors[2] == (f"error: {folder / 'nope'}, {folder / 'ckpt_chars'} (said why above) cannot be analysed, so "
                          f"nothing was: fix them or drop them from --out_dir") and out.strip().endswith(errors[2])
     assert '== ' not in out and not (folder / 'bad.json').exists()  # stopped before any analysis, nothing written
     assert rc_good == 0, out_good[-3000:]
