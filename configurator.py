@@ -68,19 +68,31 @@ def _comments():
     return comments
 
 
+def _help():
+    """Print the keys, their defaults and comments, and exit; a reader that stops early (`| head`) ends it quietly."""
+    import os, sys
+    try:
+        print(f"usage: python {sys.argv[0]} [config/x.py ...] [--key=value ...]; keys and defaults:")
+        lines = [f"  --{k}={v if not isinstance(v, str) or v.isprintable() else repr(v)}" for k, v in _keys.items()]
+        notes, width = _comments(), max(map(len, lines))
+        print('\n'.join(f"{line:<{width}}  # {notes[k]}" if k in notes else line for line, k in zip(lines, _keys)))
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader has what it wanted; what is left unwritten goes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(0)
+
+
 for _arg in __import__('sys').argv[1:]:
     if _arg in ('-h', '--help'):
-        print(f"usage: python {__import__('sys').argv[0]} [config/x.py ...] [--key=value ...]; keys and defaults:")
-        _lines = [f"  --{_k}={_v if not isinstance(_v, str) or _v.isprintable() else repr(_v)}" for _k, _v in _keys.items()]
-        _notes = _comments()
-        _width = max(map(len, _lines))
-        print('\n'.join(f"{_l:<{_width}}  # {_notes[_k]}" if _k in _notes else _l for _l, _k in zip(_lines, _keys)))
-        raise SystemExit(0)
+        _help()
     if not _arg.startswith('--'):  # a config file
         try:
-            _source = open(_arg).read()
+            _source = open(_arg, encoding='utf-8').read()
         except OSError as _e:
             _config_error(f"cannot read config file {_arg}: {_e.strerror}; arguments are config/x.py or --key=value")
+        except UnicodeDecodeError as _e:  # a binary file, or text in another encoding
+            _config_error(f"config file {_arg} is not UTF-8 text (byte {_e.start}: {_e.reason}); a config file is "
+                          f"Python that assigns keys, e.g. config/x.py")
         _scope = dict(_keys, __file__=_arg)  # a config may exec another beside it, found through its __file__
         _run_config(_source, _arg, _scope)
         for _key, _val in _scope.items():

@@ -33,7 +33,7 @@ from support.checks import (check_device, check_dtype, check_folder, check_or_ex
 from support.pixels import cache_mib, png_grid, timed_draw, to_images
 from model import GPT, GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from, load_base
-from prepare import ROOT, dataset_kind
+from prepare import ROOT, dataset_kind, gpt2_encoding
 from prepare.recall import make_examples
 from support.runtime import precision
 
@@ -78,6 +78,25 @@ def check_sample_settings(c):
 
 
 check_or_exit(check_sample_settings, script_settings(globals()))
+PIXEL_KEYS = ('complete', 'png', 'data_dir', 'batch_size')  # read only where a pixel model draws images
+TEXT_KEYS = ('start', 'max_new_tokens')                       # read only where a model writes text
+DECODING_KEYS = ('max_new_tokens', 'temperature', 'top_k', 'use_cache')  # recall's episodes answer by argmax
+
+
+def check_keys_read(meta, set_keys):
+    """ValueError naming the first key a config or --key=value set that sampling this checkpoint does not read (a
+    pixel model's keys on a text model, text's on a pixel model): refused, not ignored, before any sampling."""
+    src = out_dir if init_from == 'resume' else init_from
+    if meta['pixels']:
+        unread, why = TEXT_KEYS, f"is for text, but {src} holds a pixel model (it draws images)"
+    elif 'num_keys' in meta.get('task', {}) and start == '\n':
+        unread, why = PIXEL_KEYS + DECODING_KEYS, (f"is not read for {src}'s recall model with no --start (it shows "
+                                                   f"episodes, answered by argmax)")
+    else:
+        unread, why = PIXEL_KEYS, f"is for a pixel model's images, but {src} holds a text model"
+    key = next((k for k in unread if k in set_keys), None)
+    if key:
+        raise ValueError(f"{key}={globals()[key]!r} {why}; drop --{key}")
 
 
 def codec(meta):
@@ -88,8 +107,8 @@ def codec(meta):
         return ((lambda s: [stoi[c] for c in known_chars(s, stoi)]),
                 (lambda ids: ''.join(itos[i] for i in ids)))
     if meta['encoding'] == 'gpt2':
-        import tiktoken
-        enc = tiktoken.get_encoding('gpt2')
+        with one_line_errors(RuntimeError):  # offline with no tokenizer cached
+            enc = gpt2_encoding()
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
     # token ids written as numbers, e.g. the recall task's
     return (lambda s: token_ids(s, meta['vocab_size'])), (lambda ids: ' '.join(map(str, ids)))
@@ -227,11 +246,12 @@ if __name__ == '__main__':
     torch.cuda.manual_seed(seed)
     device_type, ptdtype, ctx = precision(device, dtype)
     model, meta = load_gpt(init_from, device)
+    check_or_exit(check_keys_read, meta, overridden)  # configurator.py's: the keys a config or --key=value set
     if meta['pixels']:
         with ctx:
             sample_images(model, meta, device)
         raise SystemExit(0)
-    if 'task' in meta and start == '\n':  # a recall model and no prompt: show what it learned
+    if 'num_keys' in meta.get('task', {}) and start == '\n':  # a recall model, no prompt: what it learned
         recall_episodes(model, meta['task'], num_samples, device, seed)
         raise SystemExit(0)
     encode, decode = codec(meta)

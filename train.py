@@ -134,7 +134,7 @@ base = base_name = None  # base_name: what a checkpoint records
 if init_from not in OWN_STARTS:  # support/checks.py refused a base for a ViT
     base_name = init_from
     with one_line_errors():
-        base = load_base(init_from)  # its shape and vocabulary are the run's model's
+        base = load_base(init_from, dataset)  # its shape and vocabulary are the run's model's
         base_args = fine_tune_args(base, dataclass_values(GPTConfig, globals()), set_keys)
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE; a process per GPU (NCCL) or on the CPU (gloo)
@@ -189,7 +189,7 @@ if init_from == 'resume':
     if not os.path.exists(ckpt_path):
         fail(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use "
              f"init_from='scratch'")
-    checkpoint = load_checkpoint(ckpt_path, device)
+    checkpoint = load_checkpoint(ckpt_path, device, resume=True)
     with one_line_errors():
         if checkpoint.get('base'):  # a fine-tune: its shape is the checkpoint's, as was its base's
             base_name = checkpoint['base']

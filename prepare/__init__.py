@@ -75,6 +75,19 @@ def dataset_kind(name):
     return DATASETS[name][1]
 
 
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE, the one way every script gets it; RuntimeError saying what to do where its files are
+    neither in tiktoken's cache nor downloadable (offline)."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding('gpt2')
+    except Exception as e:  # offline with nothing cached: a network error from deep inside requests
+        cache = os.environ.get('TIKTOKEN_CACHE_DIR') or "tiktoken's default cache folder"
+        raise RuntimeError(f"cannot load the GPT-2 tokenizer: its BPE files are not in {cache} and could not be "
+                           f"downloaded ({type(e).__name__}); set TIKTOKEN_CACHE_DIR to a folder that holds them, or "
+                           f"go online once") from None
+
+
 def prepare_dataset(name, data_dir, source, config, **extra):
     """Prepare dataset `name` into data_dir (download, or read `source`) unless it is already there. extra: passed
     on to the module's prepare (chars=: a character dataset encoded with a base model's characters)."""

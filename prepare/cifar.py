@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prepare import array_file, check_source, script_errors, stop_if_disk_full, write_prepared
+from prepare import array_file, check_source, read_meta, script_errors, stop_if_disk_full, write_prepared
 
 DATASETS = {'cifar10': 'uoft-cs/cifar10', 'cifar100': 'uoft-cs/cifar100', 'mnist': 'ylecun/mnist'}  # name -> Hub id
 IMAGES = {'cifar10': ('img', 32, 'RGB'), 'cifar100': ('img', 32, 'RGB'),  # name -> image column, side, PIL mode
@@ -79,8 +79,7 @@ def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
     label_col = 'label' if dataset != 'cifar100' else f'{label}_label'
     data_dir = Path(data_dir) if data_dir else Path(__file__).resolve().parents[1] / 'data' / dataset
     check_source(data_dir, source, 'source')  # a folder prepared from another copy: said, not ignored
-    if (data_dir / 'meta.json').is_file():  # written last, so the arrays are complete: nothing to do
-        meta = json.loads((data_dir / 'meta.json').read_text())
+    if (meta := read_meta(data_dir)) is not None:  # written last, so the arrays are complete: nothing to do
         if (meta.get('dataset'), meta.get('label')) != (dataset, label_col):
             raise ValueError(f"{data_dir} already holds {meta.get('dataset')} ({meta.get('label')}), not {dataset} "
                              f"({label_col}); pass another data_dir, or delete that one to prepare it again")

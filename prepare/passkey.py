@@ -19,13 +19,13 @@ $ python prepare/passkey.py [--seq_len=64 --digits=4 --needles=1 --data_dir=data
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
-    import sys
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, write_prepared
+from prepare import array_file, check_dataset_dir, write_prepared
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'passkey')
 FILLER = 16
@@ -130,16 +130,31 @@ def make_text_examples(encode, n, seq_len, seed, needles=1, digits=TEXT_DIGITS):
     return x, y
 
 
+def check_task(task, needles):
+    """ValueError naming the first of the task's settings out of range (as prepare's --key), before anything is
+    written."""
+    for key in ('digits', 'num_train', 'num_val'):
+        if task[key] < 1:
+            raise ValueError(f"{key}={task[key]} must be at least 1; pass --{key}=1 or more")
+    if task['seed'] < 0:
+        raise ValueError(f"seed={task['seed']} must not be negative; pass --seed=0 or more")
+    most = max(parse_needles(needles, 'needles'))
+    if task['seq_len'] < shortest(task['digits'], most):
+        raise ValueError(f"seq_len={task['seq_len']} cannot hold {most} passkey(s) of {task['digits']} digits and the "
+                         f"question; pass --seq_len={shortest(task['digits'], most)} or more, or fewer --needles")
+
+
 def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_train=100_000, num_val=2_000,
             seed=0, needles='1'):
     """Write {train,val}_{x,y}.npy and meta.json; return at once if data_dir holds this exact task already."""
     if source:
         raise ValueError("the passkey task is generated in code; it takes no --source")
     task = dict(seq_len=seq_len, digits=digits, num_train=num_train, num_val=num_val, seed=seed)
+    check_task(task, needles)
     if str(needles) != '1':  # a single needle's folders, from before needles existed, stay valid
         task['needles'] = str(needles)
     meta_path = os.path.join(data_dir, 'meta.json')
-    if os.path.exists(meta_path) and json.load(open(meta_path)).get('task') == task:
+    if (check_dataset_dir('passkey', data_dir) or {}).get('task') == task:  # a damaged or foreign folder: ValueError
         return
     files = {}
     for split, n, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1)):
@@ -150,11 +165,13 @@ def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_tr
 
 
 if __name__ == '__main__':
+    from support.checks import one_line_errors
     parser = argparse.ArgumentParser(description="passkey retrieval")
     for key, default in (('seq_len', 64), ('digits', 4), ('num_train', 100_000), ('num_val', 2_000), ('seed', 0)):
         parser.add_argument(f'--{key}', type=int, default=default)
     parser.add_argument('--needles', default='1')
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
-    prepare(args.pop('data_dir'), **args)
+    with one_line_errors():  # a setting out of range, a damaged or foreign data_dir: one `error:` line
+        prepare(args.pop('data_dir'), **args)
     print(f"passkey task {args} -> ok")

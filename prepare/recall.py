@@ -15,13 +15,13 @@ $ python prepare/recall.py [--num_keys=16 --num_pairs=4 --seq_len=32 --data_dir=
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
-    import sys
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, write_prepared
+from prepare import array_file, check_dataset_dir, write_prepared
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'recall')
 
@@ -42,17 +42,29 @@ def make_examples(n, num_keys, num_pairs, seq_len, seed):
     return x.astype(np.int16), y.astype(np.int16)
 
 
+def check_task(task):
+    """ValueError naming the first of the task's settings out of range (as prepare's --key), before anything is
+    written."""
+    for key in ('num_keys', 'num_pairs', 'seq_len', 'num_train', 'num_val'):
+        if task[key] < 1:
+            raise ValueError(f"{key}={task[key]} must be at least 1; pass --{key}=1 or more")
+    if task['seed'] < 0:
+        raise ValueError(f"seed={task['seed']} must not be negative; pass --seed=0 or more")
+    if task['num_pairs'] > task['num_keys'] or 2 * task['num_pairs'] >= task['seq_len']:
+        raise ValueError(f"num_pairs={task['num_pairs']} must be at most num_keys={task['num_keys']} and below "
+                         f"seq_len/2={task['seq_len'] / 2:g} (the pairs, then queries); pass a smaller --num_pairs or "
+                         f"a larger --num_keys or --seq_len")
+
+
 def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len=32,
             num_train=100_000, num_val=2_000, seed=0):
     """Write {train,val}_{x,y}.npy and meta.json; return at once if data_dir holds this exact task already."""
     if source:
         raise ValueError("the recall task is generated in code; it takes no --source")
-    if num_pairs > num_keys or 2 * num_pairs >= seq_len:
-        raise ValueError(f"recall needs num_pairs <= num_keys and 2*num_pairs < seq_len, got "
-                         f"num_pairs={num_pairs}, num_keys={num_keys}, seq_len={seq_len}")
     task = dict(num_keys=num_keys, num_pairs=num_pairs, seq_len=seq_len, num_train=num_train, num_val=num_val, seed=seed)
+    check_task(task)
     meta_path = os.path.join(data_dir, 'meta.json')
-    if os.path.exists(meta_path) and json.load(open(meta_path)).get('task') == task:
+    if (check_dataset_dir('recall', data_dir) or {}).get('task') == task:  # a damaged or foreign folder: ValueError
         return
     files = {}
     for split, n, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1)):
@@ -63,11 +75,13 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
 
 
 if __name__ == '__main__':
+    from support.checks import one_line_errors
     parser = argparse.ArgumentParser(description="multi-query associative recall")
     for key, default in (('num_keys', 16), ('num_pairs', 4), ('seq_len', 32), ('num_train', 100_000),
                          ('num_val', 2_000), ('seed', 0)):
         parser.add_argument(f'--{key}', type=int, default=default)
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
-    prepare(args.pop('data_dir'), **args)
+    with one_line_errors():  # a setting out of range, a damaged or foreign data_dir: one `error:` line
+        prepare(args.pop('data_dir'), **args)
     print(f"recall task {args} -> ok")

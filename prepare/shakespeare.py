@@ -11,7 +11,7 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import check_source, default_data_dir
+from prepare import check_source, default_data_dir, gpt2_encoding, read_meta
 from prepare.shakespeare_char import URL, main, read_text, write_splits
 
 DEFAULT_DIR = default_data_dir('shakespeare')
@@ -20,12 +20,11 @@ DEFAULT_DIR = default_data_dir('shakespeare')
 def prepare(data_dir=DEFAULT_DIR, source=None):
     """Write train.bin, val.bin and meta.json into data_dir; return at once if they are already there."""
     check_source(data_dir, source, 'source')  # a folder prepared from another text: said, not ignored
-    if os.path.exists(os.path.join(data_dir, 'meta.json')):
+    if read_meta(data_dir) is not None:  # a damaged one is a ValueError naming it
         return
-    import tiktoken
+    enc = gpt2_encoding()
     text = read_text(source)
     n = int(0.9 * len(text))
-    enc = tiktoken.get_encoding('gpt2')
     splits = {split: np.array(enc.encode_ordinary(part), dtype=np.uint16)
               for split, part in (('train', text[:n]), ('val', text[n:]))}
     write_splits(data_dir, splits, dict(dataset='shakespeare', kind='text', encoding='gpt2', vocab_size=enc.n_vocab,

@@ -12,7 +12,7 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, check_source, script_errors, write_prepared
+from prepare import array_file, check_source, read_meta, script_errors, write_prepared
 
 URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'shakespeare_char')
@@ -22,7 +22,12 @@ def read_text(source):
     if source:
         if not os.path.isfile(source):
             raise FileNotFoundError(f"--source={source} does not exist; give the path of tiny-shakespeare's input.txt")
-        return open(source, encoding='utf-8').read()
+        with open(source, encoding='utf-8') as f:
+            text = f.read()
+        if not text.strip():  # nothing to learn from: refused, not prepared as 0 tokens
+            raise ValueError(f"--source={source} is empty; give the path of tiny-shakespeare's input.txt or another "
+                             f"text")
+        return text
     try:
         with urllib.request.urlopen(URL, timeout=30) as r:
             return r.read().decode('utf-8')
@@ -36,7 +41,7 @@ def prepare(data_dir=DEFAULT_DIR, source=None, chars=None):
     """Write train.bin, val.bin and meta.json into data_dir; return at once if they are already there. chars: the
     characters to encode with, in token order (a base model's, to fine-tune it on another text); default the text's."""
     check_source(data_dir, source, 'source')  # a folder prepared from another text: said, not ignored
-    if os.path.exists(os.path.join(data_dir, 'meta.json')):
+    if read_meta(data_dir) is not None:  # a damaged one is a ValueError naming it
         return
     text = read_text(source)
     unknown = sorted(set(text) - set(chars or text))
@@ -55,7 +60,12 @@ def prepare(data_dir=DEFAULT_DIR, source=None, chars=None):
 
 def write_splits(data_dir, splits, meta):
     """train.bin and val.bin (uint16 tokens) and meta.json (with each split's token count), through write_prepared:
-    each atomically, meta.json last, since its presence marks the folder done."""
+    each atomically, meta.json last, since its presence marks the folder done. A split with no token is a ValueError
+    naming the source, before anything is written."""
+    if not all(len(ids) for ids in splits.values()):
+        counts = ' and '.join(f"{len(ids)} {split}" for split, ids in splits.items())
+        raise ValueError(f"{meta['source']} is too short: it makes {counts} tokens, and each split needs some; give "
+                         f"--source=PATH of a longer text")
     write_prepared(data_dir, {f'{split}.bin': array_file(np.asarray(ids, dtype=np.uint16), npy=False)
                               for split, ids in splits.items()},
                    {**meta, 'tokens': {split: len(ids) for split, ids in splits.items()}})

@@ -21,11 +21,10 @@ from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
-import tiktoken
 from datasets import load_dataset
 from tqdm import tqdm
 
-from prepare import read_meta, stop_if_disk_full  # read_meta: openwebtext.py reads it from here too
+from prepare import gpt2_encoding, read_meta, stop_if_disk_full  # read_meta: openwebtext.py reads it from here too
 from support.atomic import write_atomically, write_text
 
 EOT = 50256  # <|endoftext|>
@@ -72,7 +71,7 @@ def open_dataset(source, load_hub, name):
 
 def tokenize(docs):
     """[EOT] + GPT-2 tokens of each document, as uint16 arrays (runs in the worker processes)."""
-    enc = tiktoken.get_encoding("gpt2")  # cached by tiktoken: free after the first call in each process
+    enc = gpt2_encoding()  # cached by tiktoken: free after the first call in each process
     return [np.array([EOT] + enc.encode_ordinary(doc), dtype=np.uint16) for doc in docs]
 
 
@@ -154,8 +153,10 @@ def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_
     holds min_val_tokens; returns meta. A fresh folder sends its first documents to val until val holds
     min_val_tokens (recorded as val_first, the split rule thereafter), so a small budget still gets a val split
     to evaluate on; a continued one reads on until its 1-in-val_every documents reach min_val_tokens."""
+    gpt2_encoding()  # offline with no tokenizer cached: one line now, not a worker's traceback later
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    fresh = read_meta(data_dir) is None
     meta = read_meta(data_dir) or {"dataset": name, "vocab_size": 50257, "encoding": "gpt2", "kind": "text",
                                    "tokens": {"train": 0, "val": 0}, "documents": {"train": 0, "val": 0},
                                    "source": source, "val_every": val_every, "val_first": min_val_tokens,
@@ -203,6 +204,13 @@ def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_
                 pass  # a full disk: the buffered tail is lost, and put_back cuts it anyway
         if not finished:
             put_back(data_dir)
+    if meta["complete"] and not all(meta["tokens"].values()):  # the whole source leaves a split empty
+        if fresh:  # nothing worth keeping: the folder is left as it was found
+            for name in ("train.bin", "val.bin", "meta.json"):
+                (data_dir / name).unlink(missing_ok=True)
+        raise ValueError(f"{source} is too small: its {sum(meta['documents'].values())} document(s) make "
+                         f"{meta['tokens']['train']} train and {meta['tokens']['val']} val tokens (one document in "
+                         f"{val_every} goes to val), and each split needs some; give --source=PATH with more documents")
     print(f"{data_dir}: train {meta['tokens']['train']:,} tokens ({meta['documents']['train']:,} docs), "
           f"val {meta['tokens']['val']:,} tokens ({meta['documents']['val']:,} docs), complete={meta['complete']}")
     return meta

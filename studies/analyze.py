@@ -379,17 +379,24 @@ def read_log(path):
 
 
 def main():
-    entries, all_maps, problems = [], [], []
+    entries, all_maps, opened, problems = [], [], [], []
     dirs = [d for d in out_dir.split(',') if d]
-    for path in dirs:
+    for path in dirs:  # every checkpoint and its batch first: one that cannot be read stops all before any work
         try:
             run = open_run(path)
-            model, config = run.model, run.config
-            x = val_batch(config, data_dir or run.data_dir, model.config.block_size)
+            opened.append((path, run, val_batch(run.config, data_dir or run.data_dir, run.model.config.block_size)))
         except Skip as e:
             print(f"error: {path}: {e}")
-            problems.append({'name': path, 'error': str(e)})
-            continue
+            problems.append((path, str(e)))
+    if problems:  # a line each (above), then the verdict naming them
+        names, many = ', '.join(path for path, _ in problems), len(problems) > 1
+        if len(problems) == len(dirs):
+            raise SystemExit(f"error: none of the {len(dirs)} out_dir(s) could be analysed ({names}: each said why "
+                             f"above); pass --out_dir=DIR of a train.py run")
+        raise SystemExit(f"error: {names} (said why above) cannot be analysed, so nothing was: fix "
+                         f"{'them' if many else 'it'} or drop {'them' if many else 'it'} from --out_dir")
+    for path, run, x in opened:
+        model, config = run.model, run.config
         runs = [(path, model, run.iter_num)]
         if untrained:
             torch.manual_seed(config.get('seed', seed))
@@ -403,15 +410,12 @@ def main():
                             'log': read_log(os.path.join(path, 'log.jsonl')) if it else []})
             all_maps.append(maps)
             print_table(entries[-1])
-    if not entries:  # every run was skipped, each saying why above: nothing to write
-        raise SystemExit(f"error: none of the {len(dirs)} out_dir(s) could be analysed (each said why above); pass "
-                         f"--out_dir=DIR of a train.py run")
     target = json_path or os.path.join(next((d for d in dirs if os.path.isdir(d)), '.'), 'analysis.json')
 
     def write_json(tmp):
         with open(tmp, 'w') as f:
             json.dump({'checkpoints': [{k: v for k, v in e.items() if k not in ('log', 'slug')} for e in entries],
-                       'errors': problems}, f, indent=1)
+                       'errors': []}, f, indent=1)
     write_or_exit(target, write_json, "the tables printed above are all that was kept",
                   "pass --json_path=PATH in a folder you can write to (or free space there) and run again")
     print(f"\nwrote {target}")

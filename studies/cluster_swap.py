@@ -110,6 +110,9 @@ def main():
     torch.manual_seed(seed)
     run = load_run(out_dir, 'cpu', hint="train a softmax GPT first")
     softmax, folder = run.model, data_dir or run.data_dir
+    if not isinstance(softmax, GPT):  # a ViT: its blocks and batches are another model's
+        raise SystemExit(f"error: {out_dir} holds a ViT image classifier ({run.config.get('dataset')}); the swap "
+                         f"starts from a softmax GPT: pass --out_dir=DIR of one (text or pixels)")
     if softmax.config.attention != 'softmax' or softmax.config.window or softmax.config.mix:
         raise SystemExit(f"error: {out_dir} holds a '{softmax.config.attention}' model; the swap starts from full "
                          f"softmax")

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import ROOT, check_files
+from prepare import ROOT, check_files, gpt2_encoding
 from prepare.passkey import make_examples, make_text_examples, parse_needles, shortest
 from machinery.rope import ROPE_SCALINGS
 from support.loading import load_run
@@ -167,8 +167,10 @@ if __name__ == '__main__':
         if run.meta.get('encoding') != 'gpt2':
             raise SystemExit(f"error: passkey=True asks in English with GPT-2's tokens, but {out_dir} reads "
                              f"{run.meta.get('encoding')!r} tokens; pass --passkey=False (val loss per length)")
-        import tiktoken
-        encode = tiktoken.get_encoding('gpt2').encode
+        try:
+            encode = gpt2_encoding().encode
+        except RuntimeError as e:  # offline with no tokenizer cached
+            raise SystemExit(f"error: {e}") from None
     if run.meta['dataset'] == 'passkey' or encode is not None:
         counts = parse_needles(needles or (task.get('needles', '1') if encode is None else '1'), 'needles')
         try:  # in words, an episode's length in tokens varies with its keys: make every one once before scoring

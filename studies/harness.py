@@ -255,9 +255,9 @@ def write_results(results, elapsed, table):
 
 
 def main():
-    import tiktoken
+    from prepare import gpt2_encoding
     from support.runtime import precision
-    from support.checks import check_or_exit, script_settings
+    from support.checks import check_or_exit, one_line_errors, script_settings
     names = check_or_exit(check_harness_settings, script_settings(globals()))
     try:
         import lm_eval
@@ -284,8 +284,10 @@ def main():
         raise SystemExit(f"error: tasks: {', '.join(unknown)} is no task the harness knows"
                          + (f"; did you mean {hint[0]}?" if hint else "") + " (lm_eval ls tasks lists them)")
     _, _, ctx = precision(device, dtype)
+    with one_line_errors(RuntimeError):  # offline with no tokenizer cached: before the model is loaded
+        enc = gpt2_encoding()
     run = load_bpe_run(os.path.join(out_dir, 'ckpt.pt'))
-    scorer = GPTScorer(run.model, tiktoken.get_encoding('gpt2'), device, batch_size, use_cache, ctx)
+    scorer = GPTScorer(run.model, enc, device, batch_size, use_cache, ctx)
     print(f"lm_eval {lm_eval.__version__}: {', '.join(names)} on {out_dir}/ckpt.pt (iteration "
           f"{run.iter_num}, {run.model.config.attention}), {num_fewshot}-shot"
           + (f", first {limit} documents" if limit else ''))

@@ -5,6 +5,7 @@ ValueError whose message names the key and the fix, and the script prints it as 
 checks its own the same way, with the same range helpers. The checks run in the order written, which is the order of
 precedence: when two settings are wrong, the earlier check names its own.
 """
+import importlib.util
 import os
 from contextlib import contextmanager
 
@@ -12,6 +13,7 @@ import torch
 
 from attention import check_attention_name
 from model import GPTConfig
+from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, check_init_from
 from prepare import DATASETS, check_dataset_name, dataset_kind
 from prepare.passkey import DIGITS, parse_needles, shortest
@@ -104,6 +106,8 @@ def check_train_config(config, world_size=1, set_keys=()):
                          "--init_from=resume")
     check_init_from(c['init_from'])
     no_checkpoint = not os.path.exists(os.path.join(c['out_dir'], 'ckpt.pt'))
+    if c['init_from'] in ('resume', 'auto') and not no_checkpoint:  # what it goes on from, before any data is prepared
+        load_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), 'cpu', resume=True, mmap=True)
     if c['lora_rank'] and (c['init_from'] == 'scratch' or c['init_from'] == 'auto' and no_checkpoint):
         raise ValueError(f"lora_rank={c['lora_rank']} trains low-rank updates of a base's frozen weights, but "
                          f"init_from={c['init_from']!r} starts from random ones; pass --init_from=BASE (gpt2, a "
@@ -118,6 +122,9 @@ def check_train_config(config, world_size=1, set_keys=()):
     if c['hellaswag'] and c['hellaswag_source'] and not os.path.isfile(c['hellaswag_source']):
         raise ValueError(f"hellaswag_source={c['hellaswag_source']} is not a file; pass --hellaswag_source=PATH of a "
                          f"local hellaswag_val.jsonl, or leave it empty to download it")
+    if c['wandb_log'] and importlib.util.find_spec('wandb') is None:  # not after the data and the model
+        raise ValueError("wandb_log=True logs to Weights & Biases, which is not installed; pip install wandb, or pass "
+                         "--wandb_log=False (log.jsonl in out_dir has every record)")
     # the model (a ViT for images, a GPT otherwise) checks its settings as it is configured, and every attention
     # layer its own as it is built; the sizes the data gives (vocab_size, num_classes) are checked later
     ModelConfig = ViTConfig if kind == 'image' else GPTConfig

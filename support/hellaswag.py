@@ -11,13 +11,12 @@ import urllib.request
 from contextlib import nullcontext
 from pathlib import Path
 
-import tiktoken
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from prepare import ROOT
+from prepare import ROOT, gpt2_encoding
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 CACHE_DIR = ROOT / "data" / "hellaswag"
@@ -43,6 +42,7 @@ def download(cache_dir=CACHE_DIR):
 def load_rows(source=None, cache_dir=CACHE_DIR, ddp=False):
     """The rows of a local HellaSwag jsonl `source`, or of the downloaded validation set. ddp: every process calls it;
     rank 0 downloads first, the others then read its copy."""
+    gpt2_encoding()  # the tokenizer too, before any work: offline with none cached is one line now
     first = not ddp or dist.get_rank() == 0
     if not first:
         dist.barrier()
@@ -80,7 +80,7 @@ def evaluate(model, rows, device, rank=0, world_size=1, autocast_ctx=nullcontext
 
     model: the unwrapped GPT (raw_model, not the DDP wrapper); `logits, loss = model(idx, targets)`.
     """
-    enc = tiktoken.get_encoding("gpt2")
+    enc = gpt2_encoding()
     block_size = model.config.block_size
     was_training = model.training
     model.eval()

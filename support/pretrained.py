@@ -22,11 +22,14 @@ import torch
 
 from attention import AttentionConfig, FrameConfig, SoftmaxConfig
 from model import GPT, target_names
+from prepare import DATASETS, dataset_kind
 from support.loading import load_run
 
 GPT2_MODELS = {'gpt2': 'openai-community/gpt2', 'gpt2-medium': 'openai-community/gpt2-medium',
                'gpt2-large': 'openai-community/gpt2-large', 'gpt2-xl': 'openai-community/gpt2-xl'}  # name -> Hub id
 HUB_FILES = ('config.json', 'model.safetensors')
+DATASET_ENCODING = {'shakespeare_char': 'chars', 'shakespeare': 'gpt2', 'openwebtext': 'gpt2', 'fineweb_edu': 'gpt2',
+                    'recall': 'tokens', 'passkey': 'tokens'}  # meta.json's encoding of each dataset (pixels: none)
 OWN_STARTS = ('scratch', 'resume', 'auto')  # train.py's init_from values that are not a base
 GELU = {'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh', 'gelu': 'none'}  # GPT-2 config's activation -> ours
 # what a fine-tune sets itself (block_size shorter, or longer with RoPE: an extension); the rest comes from the base
@@ -59,9 +62,16 @@ def check_init_from(init_from):
                      + (f"; did you mean '{hint[0]}'?" if hint else ''))
 
 
-def load_base(init_from):
+def load_base(init_from, dataset=None):
     """{'name', 'model_args', 'state' (our parameter names, CPU), 'meta' (what its tokens are)} of a base;
-    ValueError (one line, saying what to do) where it cannot be had."""
+    ValueError (one line, saying what to do) where it cannot be had, or cannot read `dataset` (a fine-tune's)."""
+    base = read_base(init_from)
+    if dataset is not None:
+        check_base_dataset(base, dataset)
+    return base
+
+
+def read_base(init_from):
     if init_from in GPT2_MODELS:
         return {**read_hub_folder(hub_folder(init_from)), 'name': init_from}
     if os.path.isdir(init_from):
@@ -108,6 +118,7 @@ def read_hub_folder(folder):
         key = next(k for k, bad in unsupported.items() if bad)
         raise ValueError(f"{folder}/config.json sets {key}={cfg.get(key)!r}, which this GPT does not compute "
                          f"(it has GELU or tanh-GELU, LayerNorm eps 1e-5, scores scaled by 1/sqrt(head size))")
+    check_hub_config(cfg, folder, damaged)
     C, L = cfg['n_embd'], cfg['n_layer']
     hidden = cfg.get('n_inner') or 4 * C
     model_args = dict(n_layer=L, n_head=cfg['n_head'], n_embd=C, block_size=cfg['n_positions'],
@@ -133,6 +144,34 @@ def read_hub_folder(folder):
     state['lm_head.weight'] = state['transformer.wte.weight']  # tied, as GPT-2's
     return {'model_args': model_args, 'state': state,
             'meta': {'kind': 'text', 'encoding': 'gpt2', 'vocab_size': cfg['vocab_size']}}
+
+
+HUB_SIZES = ('n_embd', 'n_layer', 'n_head', 'n_positions', 'vocab_size')  # config.json's keys that make the shape
+
+
+def check_hub_config(cfg, folder, damaged):
+    """ValueError naming the first of config.json's sizes that is missing or not a whole number >= 1 (n_inner: absent,
+    null, or one too), before any tensor is compared with it."""
+    for key in HUB_SIZES + ('n_inner',):
+        value = cfg.get(key)
+        if key == 'n_inner' and value is None:
+            continue
+        if key not in cfg or type(value) is not int or value < 1:
+            found = 'lacks ' + key if key not in cfg else f"has {key}={value!r}, not a whole number >= 1"
+            raise ValueError(f"{folder}/config.json {found}; {damaged}")
+
+
+def check_base_dataset(base, dataset):
+    """ValueError unless `dataset` is of the tokens the base reads (GPT-2 BPE, its characters, token ids, pixels),
+    before any data is prepared: a fine-tune reads its data with the base's vocabulary."""
+    theirs, ours = base['meta'].get('encoding'), DATASET_ENCODING.get(dataset)
+    if theirs != ours:
+        fits = [name for name in DATASETS if DATASET_ENCODING.get(name) == theirs and
+                (theirs or dataset_kind(name) == 'pixels')]
+        names = {'chars': 'character', 'gpt2': 'GPT-2 BPE', 'tokens': 'token-id', None: 'pixel'}
+        raise ValueError(f"dataset={dataset} is {names.get(ours, ours)} data, but the base {base['name']} reads "
+                         f"{names.get(theirs, theirs)} tokens; pass --dataset={' or '.join(fits) or 'one of its kind'}, or "
+                         f"another --init_from")
 
 
 def fine_tune_args(base, run_args, set_keys):

@@ -238,24 +238,31 @@ def test_torchrun_restarts_a_killed_worker(tmp_path):
 
 def test_whole_split_eval_and_analyze_bad_input(rows):
     """--eval_full counts every val example once; analyze.py given a missing checkpoint or another dataset's data says
-    so in one line each and still writes the table and JSON for the checkpoint it can read."""
+    so in one line each, then stops before analysing any (the last line names both), writing nothing; given the
+    checkpoint it can read alone, it writes the table and JSON."""
     folder, _ = rows
     ckpt = folder / 'ckpt_recall'
-    (rc_eval, out_eval), (rc, out) = run_forked(
+    (rc_eval, out_eval), (rc, out), (rc_good, out_good) = run_forked(
         {'argv': ['train.py', *TINY, f'--data_dir={folder / "recall"}', '--max_iters=4', '--eval_interval=4',
                   f'--out_dir={ckpt}', '--eval_only=True', '--eval_full=True', '--init_from=resume']},
         {'argv': ['studies/analyze.py', f'--out_dir={folder / "nope"},{ckpt},{folder / "ckpt_chars"}',
-                  f'--data_dir={folder / "recall"}', f'--json_path={folder / "analysis.json"}']})
+                  f'--data_dir={folder / "recall"}', f'--json_path={folder / "bad.json"}']},
+        {'argv': ['studies/analyze.py', f'--out_dir={ckpt}', f'--data_dir={folder / "recall"}',
+                  f'--json_path={folder / "analysis.json"}']})
     assert rc_eval == 0 and re.search(r"^full val split at iteration 4: val loss [\d.]+, val acc [\d.]+ over 2,000 "
                                       r"examples \(24,000 targets\)$", out_eval, re.M), out_eval[-2000:]
     assert json.loads((ckpt / 'eval_full.json').read_text())['targets'] == 24000
     errors = [line for line in out.splitlines() if line.startswith('error')]
-    assert rc == 0 and 'Traceback' not in out and len(errors) == 2, out[-3000:]
+    assert rc == 1 and 'Traceback' not in out and len(errors) == 3, out[-3000:]
     assert 'nope/ckpt.pt' in errors[0] and "holds 'recall' (examples) data, but the checkpoint was trained on " \
         "'shakespeare_char' (text)" in errors[1], errors
+    assert errors[2] == (f"error: {folder / 'nope'}, {folder / 'ckpt_chars'} (said why above) cannot be analysed, so "
+                         f"nothing was: fix them or drop them from --out_dir") and out.strip().endswith(errors[2])
+    assert '== ' not in out and not (folder / 'bad.json').exists()  # stopped before any analysis, nothing written
+    assert rc_good == 0, out_good[-3000:]
     result = json.loads((folder / 'analysis.json').read_text())
-    assert [e['name'] for e in result['checkpoints']] == [str(ckpt)] and len(result['errors']) == 2
-    assert re.search(r"^    0 mean +0\.\d{4} +\d\.\d{4} +0\.0000 ", out, re.M), out  # layer 0: share, ratio, sparsity
+    assert [e['name'] for e in result['checkpoints']] == [str(ckpt)] and result['errors'] == []
+    assert re.search(r"^    0 mean +0\.\d{4} +\d\.\d{4} +0\.0000 ", out_good, re.M), out_good  # layer 0: share, ratio, sparsity
 
 
 # -----------------------------------------------------------------------------
