@@ -16,6 +16,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]  # the repository, which holds data/ and the scripts
 
 
+def whole_number(key, example, at_least=0, at_most=2 ** 63 - 1):
+    """An argparse type for --key: a whole number in [at_least, at_most] (1e9 reads as 10**9); anything else ends
+    the script with one `error:` line naming the key, before any work."""
+    def parse(text):
+        try:
+            number = float(text)
+            value = int(text) if text.strip().lstrip('+-').isdigit() else int(number) if number.is_integer() else None
+        except ValueError:  # not a number at all
+            value = None
+        if value is None or not at_least <= value <= at_most:
+            raise SystemExit(f"error: --{key}={text} must be a whole number from {at_least} to {at_most:,}; pass e.g. "
+                             f"--{key}={example}")
+        return value
+    return parse
+
+
 def val_tokens_needed(cfg):
     """The val split a text run can evaluate on: block_size + 1 tokens for one window, and enough that each of an
     evaluation's eval_iters x batch_size rows can start at its own offset, so its batches differ."""

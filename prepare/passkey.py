@@ -19,6 +19,7 @@ $ python prepare/passkey.py [--seq_len=64 --digits=4 --needles=1 --data_dir=data
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -148,9 +149,12 @@ def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_tr
 
 
 if __name__ == '__main__':
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, as for a package
+    from prepare import whole_number
     parser = argparse.ArgumentParser(description="passkey retrieval")
     for key, default in (('seq_len', 64), ('digits', 4), ('num_train', 100_000), ('num_val', 2_000), ('seed', 0)):
-        parser.add_argument(f'--{key}', type=int, default=default)
+        parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
+                            default=default)
     parser.add_argument('--needles', default='1')
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())

@@ -15,6 +15,7 @@ $ python prepare/recall.py [--num_keys=16 --num_pairs=4 --seq_len=32 --data_dir=
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -61,10 +62,13 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
 
 
 if __name__ == '__main__':
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, as for a package
+    from prepare import whole_number
     parser = argparse.ArgumentParser(description="multi-query associative recall")
     for key, default in (('num_keys', 16), ('num_pairs', 4), ('seq_len', 32), ('num_train', 100_000),
                          ('num_val', 2_000), ('seed', 0)):
-        parser.add_argument(f'--{key}', type=int, default=default)
+        parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
+                            default=default)
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
     prepare(args.pop('data_dir'), **args)
