@@ -1,6 +1,4 @@
 """Rotary position embedding (RoPE), and its scaling for contexts longer than the trained one."""
-import math
-
 import torch
 import torch.nn as nn
 
@@ -45,10 +43,10 @@ def check_rope_scaling(config):
     if config.rope_scaling not in ROPE_SCALINGS:
         raise ValueError(f"rope_scaling must be 'none', 'linear' or 'ntk', got {config.rope_scaling!r}; pass e.g. "
                          f"--rope_scaling=ntk")
-    if not (config.rope_factor > 0 and math.isfinite(config.rope_factor)):
+    if not 0 < config.rope_factor < float('inf'):  # NaN is neither
         raise ValueError(f"rope_factor={config.rope_factor} must be positive and finite (the new context / the "
                          f"trained one); pass e.g. --rope_factor=4")
-    if not (config.rope_base > 0 and math.isfinite(config.rope_base)):
+    if not 0 < config.rope_base < float('inf'):
         raise ValueError(f"rope_base={config.rope_base} must be positive and finite (RoPE's θ); pass e.g. "
                          f"--rope_base=10000")
     if config.rope_scaling != 'none' and config.pos_emb != 'rope':

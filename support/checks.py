@@ -32,6 +32,7 @@ VIT_KEYS = ('patch_size', 'num_classes', 'augment', 'mixup_alpha', 'cutmix_alpha
 CAUSAL_ONLY = ('window', 'krause_window', 'cluster_chunk', 'linear_chunk', 'mix')
 BIDIRECTIONAL_ONLY = ('krause_radius', 'krause_metric', 'cluster_iters', 'cluster_self', 'attnx_mask_diagonal',
                       'longformer_global')
+TASK_KEYS = {'recall_keys': 'recall', 'recall_pairs': 'recall', 'passkey_needles': 'passkey'}  # the generated tasks'
 
 
 @contextmanager
@@ -129,6 +130,7 @@ def check_train_config(config, world_size=1, set_keys=()):
     model_config = ModelConfig(**dataclass_values(ModelConfig, c))
     check_fits(training_memory(c, model_config), c['device'], set_keys)
     check_attention_layers(model_config)
+    check_model_form(c, kind, set_keys, rule_keys=True)
 
 
 def form_keys():
@@ -141,16 +143,23 @@ def form_keys():
             'ViT': (vit - gpt) | set(VIT_KEYS) | set(BIDIRECTIONAL_ONLY) | layout}, layout
 
 
-def check_model_form(c, kind, set_keys):
+def check_model_form(c, kind, set_keys, rule_keys=False):
     """ValueError naming the first key that a config file or the command line set (set_keys) and that the model this
-    dataset trains does not read: a ViT's key for a GPT (`causal=False` would let it see the future), or a GPT's for
-    a ViT; accepted and ignored, it would change nothing the user meant it to."""
+    dataset trains does not read: a ViT's key for a GPT (`causal=False` would let it see the future), a GPT's for a
+    ViT, or a generated task's for another dataset; accepted and ignored, it would change nothing the user meant.
+    rule_keys: the rules' form-only keys alone, checked after the layers are built, so that the rule a run picks
+    says first, in its own words, why it refuses its own key (attnx_mask_diagonal=True needs causal=False)."""
     only, layout = form_keys()
     form, other = ('ViT', 'GPT') if kind == 'image' else ('GPT', 'ViT')
-    keys = [k for k in c if k in set_keys and (k in only[other] or form == 'ViT' and k in layout)]
+    dataset, rules = c['dataset'], {*CAUSAL_ONLY, *BIDIRECTIONAL_ONLY}
+    keys = [k for k in c if k in set_keys and (k in rules) == rule_keys and (
+            k in only[other] or form == 'ViT' and k in layout or TASK_KEYS.get(k, dataset) != dataset)]
     if not keys:
         return
-    key, dataset = keys[0], c['dataset']
+    key = keys[0]
+    if key in TASK_KEYS and TASK_KEYS[key] != dataset:
+        raise ValueError(f"{key} is a setting of the {TASK_KEYS[key]} task, but dataset {dataset} does not read it; "
+                         f"drop --{key}, or pass --dataset={TASK_KEYS[key]}")
     if form == 'ViT' and key in layout:
         raise ValueError(f"{key} is the ViT's own, set from its patch grid (patch_size), not a setting; drop --{key}")
     named = ', '.join(name for name in DATASETS if (dataset_kind(name) == 'image') == (other == 'ViT'))
