@@ -116,9 +116,10 @@ def bench_memory(c, cfg):
     length = {'subpixels': c['subpixels']} if c['mode'] == 'pixels' else {'seq_lens': c['seq_lens']}
     sizes = {**length, 'batch_size': c['batch_size'], 'n_embd': cfg.n_embd}
     parts = [(8 * tokens * cfg.n_embd * element, "q, k, v and the output", sizes)]
-    if c['mode'] == 'attention':
-        return parts
     sizes = {**sizes, 'n_layer': cfg.n_layer}
+    if c['mode'] == 'attention':  # every layer is built once by the check, the mode times one
+        return [*parts, (4 * cfg.n_layer * 4 * cfg.n_embd ** 2, "the attention layers' weights",
+                         {'n_layer': cfg.n_layer, 'n_embd': cfg.n_embd})]
     if c['mode'] in ('model', 'pace'):
         return [*parts, *model_memory(cfg, vocab_size=50304),
                 (tokens * cfg.n_layer * 8 * cfg.n_embd * element, "the activations", sizes)]

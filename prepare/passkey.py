@@ -150,7 +150,7 @@ def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_tr
 
 if __name__ == '__main__':
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, as for a package
-    from prepare import whole_number
+    from prepare import check_examples_fit, whole_number
     parser = argparse.ArgumentParser(description="passkey retrieval")
     for key, default in (('seq_len', 64), ('digits', 4), ('num_train', 100_000), ('num_val', 2_000), ('seed', 0)):
         parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
@@ -158,5 +158,6 @@ if __name__ == '__main__':
     parser.add_argument('--needles', default='1')
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
+    check_examples_fit(args)
     prepare(args.pop('data_dir'), **args)
     print(f"passkey task {args} -> ok")

@@ -63,7 +63,7 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
 
 if __name__ == '__main__':
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, as for a package
-    from prepare import whole_number
+    from prepare import check_examples_fit, whole_number
     parser = argparse.ArgumentParser(description="multi-query associative recall")
     for key, default in (('num_keys', 16), ('num_pairs', 4), ('seq_len', 32), ('num_train', 100_000),
                          ('num_val', 2_000), ('seed', 0)):
@@ -71,5 +71,6 @@ if __name__ == '__main__':
                             default=default)
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
+    check_examples_fit(args)
     prepare(args.pop('data_dir'), **args)
     print(f"recall task {args} -> ok")

@@ -14,7 +14,7 @@ import torch
 from attention import check_attention_name
 from model import GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from
-from prepare import DATASETS, check_dataset_name, dataset_kind
+from prepare import DATASETS, check_dataset_name, dataset_kind, memory_bytes as machine_memory
 from prepare.passkey import DIGITS, parse_needles, shortest
 from support.runtime import DTYPES, check_attention_layers, dataclass_values
 from vit import ViTConfig
@@ -174,12 +174,7 @@ def memory_bytes(device):
     it is not known."""
     if torch.device(device).type == 'cuda':
         return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    try:
-        with open('/proc/meminfo') as f:
-            sizes = {line.split(':')[0]: int(line.split()[1]) * 1024 for line in f}
-        return sizes['MemTotal'] + sizes.get('SwapTotal', 0)
-    except (OSError, KeyError, ValueError, IndexError):
-        return None
+    return machine_memory()
 
 
 def check_fits(parts, device, set_keys=(), doing='a training step'):

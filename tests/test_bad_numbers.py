@@ -36,13 +36,19 @@ NUMBERS = [
                                                                       r"--block_size"),
     ('train.py', ['--pos_emb=none', '--block_size=1000000000000'], None, 'block_size', r"the activations"),
     ('train.py', ['--recall_keys=100000', '--recall_pairs=4'], None, 'recall_keys', r"int16 files"),
+    ('train.py', ['--attention=cluster', '--cluster_m=1000000000000'], None, 'cluster_m', r"does not fit this "
+                                                                                         r"machine's memory"),
     ('train.py', [*VIT, '--n_layer=1000000000'], None, 'n_layer', r"GiB"),
     ('sample.py', ['--out_dir={d}', '--temperature=1e999'], None, 'temperature', r"must be a finite number"),
     ('bench.py', [*SMALL, '--attention=cluster', '--cluster_sharpness=1e999'], None, 'cluster_sharpness',
      r"must be a finite number"),
     ('bench.py', [*SMALL[1:], '--seq_lens=1000000000000'], None, 'seq_lens', r"the attention mode .* GiB"),
     ('bench.py', [*SMALL, '--mode=model', '--n_layer=100000000'], None, 'n_layer', r"the model mode .* GiB"),
+    ('bench.py', [*SMALL, '--n_layer=1000000000000'], None, 'n_layer', r"the attention layers' weights"),
     ('studies/extrapolate.py', ['--out_dir={d}', '--rope_factor=1e999'], None, 'rope_factor', r"finite number"),
+    ('studies/extrapolate.py', ['--out_dir={d}', '--num_tokens=1000000000000000'], None, 'num_tokens', r"GiB"),
+    ('studies/analyze.py', ['--out_dir={d}', '--batch_size=1000000000000'], None, 'batch_size', r"GiB"),
+    ('studies/cluster_swap.py', ['--out_dir={d}', '--eval_iters=1000000000000'], None, 'eval_iters', r"GiB"),
     ('studies/analyze.py', ['--out_dir={d}', f'--seed={HUGE_INT}'], None, 'seed', r"past 64 bits"),
     ('studies/ablate.py', ['--out_root={d}/abl', f'--seeds=1,{HUGE_INT}'], None, 'seeds', r"past 64 bits"),
     ('prepare/fineweb_edu.py', ['--max_tokens=inf', '--data_dir={d}/fw'], None, 'max_tokens', r"a whole number"),
@@ -51,6 +57,7 @@ NUMBERS = [
      r"a whole number from 1 to"),
     ('prepare/recall.py', ['--seed=-1', '--data_dir={d}/rc'], None, 'seed', r"a whole number from 0"),
     ('prepare/passkey.py', [f'--num_train={HUGE_INT}', '--data_dir={d}/pk'], None, 'num_train', r"a whole number"),
+    ('prepare/recall.py', ['--num_train=1000000000000', '--data_dir={d}/rc'], None, 'num_train', r"GiB"),
 ]
 # a key the built model does not read: a ViT's in a GPT (text, examples, pixels), a GPT's in a ViT, a generated
 # task's for another dataset
@@ -93,7 +100,8 @@ def test_a_number_that_is_not_one_is_one_line_naming_its_key(checkpoint, tmp_pat
     runs = []
     for i, (script, args, config, _, _) in enumerate(NUMBERS):
         argv = [script, *(a.replace('{d}', str(checkpoint if script in ('sample.py', 'studies/extrapolate.py',
-                                                                         'studies/analyze.py') else tmp_path))
+                                                                         'studies/analyze.py', 'studies/cluster_swap.py')
+                                                        else tmp_path))
                           for a in args)]
         if script == 'train.py':
             argv += [f'--out_dir={tmp_path / f"out{i}"}', f'--data_dir={tmp_path / f"data{i}"}']
