@@ -299,8 +299,8 @@ class KrauseAttention(Attention):
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         W, k, grid_size = config.krause_window, config.krause_topk, config.grid_size
-        if config.krause_sigma <= 0:
-            raise ValueError(f"krause_sigma must be > 0, got {config.krause_sigma}")
+        if not (math.isfinite(config.krause_sigma) and config.krause_sigma > 0):
+            raise ValueError(f"krause_sigma must be > 0 and finite, got {config.krause_sigma}")
         if config.causal and W < 1:
             raise ValueError(f"krause_window must be >= 1, got {W}")
         if config.causal and not 1 <= k <= W:
@@ -597,8 +597,8 @@ class ThresholdDifferentialAttention(Attention):
                               ('tda_lambda', 0 < config.tda_lambda < 1, 'in (0, 1)'), ('tda_p', config.tda_p >= 1, '>= 1'),
                               ('tda_chunk_weights', config.tda_chunk_weights >= 1, '>= 1'),
                               ('tda_eps', config.tda_eps > 0, '> 0')]:
-            if not ok:
-                raise ValueError(f"{key} must be {need}, got {getattr(config, key)}")
+            if not (ok and math.isfinite(getattr(config, key))):
+                raise ValueError(f"{key} must be {need} and finite, got {getattr(config, key)}")
         self.differential, self.kappa, self.p = config.tda_differential, config.tda_kappa, config.tda_p
         self.matched = config.tda_matched
         self.view_dim = self.head_dim // 2 if self.matched else self.head_dim  # d: q̂·k̂'s width, τ's dimension
@@ -759,9 +759,10 @@ class ClusterAttention(Attention):
             raise ValueError("cluster_iters and cluster_self are the bidirectional (ViT) form: refining the seeds on "
                              "the sequence would let the past depend on the future, and the causal form already "
                              "attends exactly to its own chunk; use cluster_iters=0, cluster_self=False")
-        if config.cluster_sharpness <= 0 or config.cluster_seed_lr <= 0:
-            raise ValueError(f"cluster_sharpness and cluster_seed_lr must be > 0, got {config.cluster_sharpness}, "
-                             f"{config.cluster_seed_lr}")
+        rates = (config.cluster_sharpness, config.cluster_seed_lr)
+        if not all(math.isfinite(r) and r > 0 for r in rates):
+            raise ValueError(f"cluster_sharpness and cluster_seed_lr must be > 0 and finite, got {rates[0]}, "
+                             f"{rates[1]}")
         self.chunk, self.iters, self.self_term = L, iters, config.cluster_self
         seeds = torch.stack([nn.init.orthogonal_(torch.empty(m, self.head_dim)) for _ in range(self.n_head)])
         self.seeds = nn.Parameter(F.normalize(seeds, dim=-1))  # (H, m, D), unit rows, orthogonal per head if m <= D

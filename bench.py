@@ -46,8 +46,8 @@ import torch
 from attention import AttentionConfig, build_attention
 from model import GPT, GPTConfig
 from prepare import ROOT
-from support.checks import (check_device, check_dtype, check_int_list, check_or_exit, check_ranges,
-                            script_settings)
+from support.checks import (check_device, check_dtype, check_fits, check_int_list, check_or_exit,
+                            check_ranges, model_memory, script_settings)
 from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults, dataclass_values,
                              peak_flops, precision)
 
@@ -102,7 +102,30 @@ def check_bench_settings(c):
         raise ValueError(f"attention='{c['attention']}': several rules at once is the attention mode's; pass "
                          f"--mode=attention, or one rule")
     for name in names:
-        check_attention_layers(GPTConfig(**dataclass_values(GPTConfig, c, block_size=block, attention=name)))
+        cfg = GPTConfig(**dataclass_values(GPTConfig, c, block_size=block, attention=name))
+        check_fits(bench_memory(c, cfg), c['device'], doing=f"the {c['mode']} mode at T={block}")
+        check_attention_layers(cfg)
+
+
+def bench_memory(c, cfg):
+    """The parts of what the mode holds at the longest length, at the least: q, k, v and the output with their
+    gradients (every mode), the GPT's weights and a train step's activations (model, pace) or its caches (generate,
+    pixels)."""
+    element = DTYPES[c['dtype']].itemsize if c['device'].startswith('cuda') else 4
+    tokens = c['batch_size'] * cfg.block_size
+    length = {'subpixels': c['subpixels']} if c['mode'] == 'pixels' else {'seq_lens': c['seq_lens']}
+    sizes = {**length, 'batch_size': c['batch_size'], 'n_embd': cfg.n_embd}
+    parts = [(8 * tokens * cfg.n_embd * element, "q, k, v and the output", sizes)]
+    sizes = {**sizes, 'n_layer': cfg.n_layer}
+    if c['mode'] == 'attention':  # every layer is built once by the check, the mode times one
+        return [*parts, (4 * cfg.n_layer * 4 * cfg.n_embd ** 2, "the attention layers' weights",
+                         {'n_layer': cfg.n_layer, 'n_embd': cfg.n_embd})]
+    if c['mode'] in ('model', 'pace'):
+        return [*parts, *model_memory(cfg, vocab_size=50304),
+                (tokens * cfg.n_layer * 8 * cfg.n_embd * element, "the activations", sizes)]
+    vocab_size = c['vocab_size'] if c['mode'] == 'generate' else 256  # pixels: a token per subpixel value
+    return [*parts, *model_memory(cfg, vocab_size, trained=False),
+            (2 * tokens * cfg.n_layer * cfg.n_embd * element, "the caches' keys and values", sizes)]
 
 
 check_or_exit(check_bench_settings, script_settings(globals()))

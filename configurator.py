@@ -6,13 +6,16 @@ $ python train.py config/override_file.py --batch_size=32
 The config file is plain Python that assigns existing globals; each --key=value overrides one of them.
 A config builds on another with exec(open(os.path.join(os.path.dirname(__file__), 'other.py')).read()).
 Unlike nanoGPT, an unknown key, a value of the wrong type or a config file that does not run (a syntax error) stops
-the run with one `error:` line.
+the run with one `error:` line; so does a number that is not one: an infinite or NaN float (unless the key's default
+is one), a whole number past 64 bits, or a seed torch and numpy cannot take (0 .. 2**63 - 1).
 """
 import builtins as _builtins
 import difflib as _difflib
+import math as _math
 from ast import literal_eval as _literal_eval
 
 _config_types = (int, float, bool, str, type(None))
+_INT64 = 2 ** 63  # a whole number torch and numpy hold: sizes, counts, seeds
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
 overridden = set()  # the keys a config file changed or --key=value gave (a fine-tune takes its base's for the rest)
 
@@ -40,11 +43,26 @@ def _checked(key, value, where):
         _config_error(f"unknown key '{key}' in {where}" + (f"; did you mean '{hint[0]}'?" if hint else
                       f"; valid keys: {', '.join(sorted(_keys))}"))
     default = _keys[key]
-    if default is None or type(value) is type(default):
-        return value
     if type(default) is float and type(value) is int:
-        return float(value)  # --learning_rate=1 means 1.0
-    _config_error(f"{key} expects {type(default).__name__} (like {default!r}), got {value!r} in {where}")
+        try:
+            value = float(value)  # --learning_rate=1 means 1.0
+        except OverflowError:
+            _config_error(f"{key} must be a finite number, got {value} in {where}; pass e.g. --{key}={default!r}")
+    if default is not None and type(value) is not type(default):
+        _config_error(f"{key} expects {type(default).__name__} (like {default!r}), got {value!r} in {where}")
+    return _number(key, value, default, where)
+
+
+def _number(key, value, default, where):
+    """value, or one line naming the key where it is no number a run can use."""
+    if type(value) is float and not _math.isfinite(value) and _math.isfinite(default or 0.0):
+        _config_error(f"{key} must be a finite number, got {value} in {where}; pass e.g. --{key}={default!r}")
+    if type(value) is int and not -_INT64 <= value < _INT64:
+        _config_error(f"{key}={value} in {where} is past 64 bits (the most is 2**63 - 1); pass e.g. "
+                      f"--{key}={default!r}")
+    if key == 'seed' and type(value) is int and value < 0:  # numpy's generators take none
+        _config_error(f"seed must be in 0 .. 2**63 - 1, got {value} in {where}; pass e.g. --seed={default!r}")
+    return value
 
 
 def _comments():

@@ -35,9 +35,11 @@ class GPTConfig(AttentionConfig):
             raise ValueError(f"pos_emb must be 'learned', 'rope' or 'none', got '{self.pos_emb}'")
         if self.gelu_approximate not in ('none', 'tanh'):
             raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got '{self.gelu_approximate}'")
-        if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"LoRA needs lora_rank >= 0, lora_alpha > 0 and lora_dropout in [0, 1), got "
-                             f"{self.lora_rank}, {self.lora_alpha}, {self.lora_dropout}")
+        for key, ok, need in (('lora_rank', self.lora_rank >= 0, '>= 0'), ('lora_dropout', 0 <= self.lora_dropout < 1,
+                              'in [0, 1)'), ('lora_alpha', 0 < self.lora_alpha < math.inf, '> 0 and finite')):
+            if not ok:
+                raise ValueError(f"LoRA needs {key} {need}, got {getattr(self, key)}; pass e.g. --{key}="
+                                 f"{getattr(GPTConfig, key)}")
         unknown = set(target_names(self.lora_targets)) - {'c_attn', 'c_proj', 'c_fc'}
         if self.lora_rank and (unknown or not target_names(self.lora_targets)):
             raise ValueError(f"lora_targets={self.lora_targets!r} must name some of c_attn, c_proj, c_fc (the "

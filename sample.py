@@ -28,8 +28,8 @@ import torch
 
 from support.atomic import write_or_exit
 from support.loading import load_run
-from support.checks import (check_device, check_dtype, check_folder, check_or_exit, check_ranges,
-                            check_writable_file, one_line_errors, script_settings)
+from support.checks import (check_device, check_dtype, check_fits, check_folder, check_or_exit,
+                            check_ranges, check_writable_file, one_line_errors, script_settings)
 from support.pixels import cache_mib, png_grid, timed_draw, to_images
 from model import GPT, GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from, load_base
@@ -213,6 +213,9 @@ def sample_images(model, meta, device):
         raise SystemExit(f"error: num_samples={num_samples} with complete=True completes the first "
                          f"num_samples test images, but {folder} holds {len(test)}; pass "
                          f"--num_samples={len(test)} or fewer")
+    with one_line_errors():  # every image drawn is kept for the grid: said before any is drawn
+        check_fits([(num_samples * tokens * 8, "the images drawn", {'num_samples': num_samples})], device,
+                   doing=f"drawing {num_samples} images of {tokens:,} subpixels")
     prompts = None
     if complete:  # the top half of each of the first num_samples test images: its first H/2 rows
         originals = test[:num_samples].reshape(num_samples, -1).astype(np.int64)

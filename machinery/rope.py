@@ -39,13 +39,16 @@ ROPE_SCALINGS = ('none', 'linear', 'ntk')
 
 
 def check_rope_scaling(config):
-    """ValueError naming the key: a scaling Rotary knows, a positive factor, and RoPE to scale."""
+    """ValueError naming the key: a scaling Rotary knows, a positive finite factor and base, and RoPE to scale."""
     if config.rope_scaling not in ROPE_SCALINGS:
         raise ValueError(f"rope_scaling must be 'none', 'linear' or 'ntk', got {config.rope_scaling!r}; pass e.g. "
                          f"--rope_scaling=ntk")
-    if not config.rope_factor > 0:
-        raise ValueError(f"rope_factor={config.rope_factor} must be positive (the new context / the trained one); "
-                         f"pass e.g. --rope_factor=4")
+    if not 0 < config.rope_factor < float('inf'):  # NaN is neither
+        raise ValueError(f"rope_factor={config.rope_factor} must be positive and finite (the new context / the "
+                         f"trained one); pass e.g. --rope_factor=4")
+    if not 0 < config.rope_base < float('inf'):
+        raise ValueError(f"rope_base={config.rope_base} must be positive and finite (RoPE's θ); pass e.g. "
+                         f"--rope_base=10000")
     if config.rope_scaling != 'none' and config.pos_emb != 'rope':
         what = 'learned absolute positions' if config.pos_emb == 'learned' else 'no positions'
         raise ValueError(f"rope_scaling={config.rope_scaling!r} scales RoPE's frequencies, but pos_emb="

@@ -22,6 +22,43 @@ from support.atomic import failure_line, write_or_exit, write_text
 ROOT = Path(__file__).resolve().parents[1]  # the repository, which holds data/ and the scripts
 
 
+def whole_number(key, example, at_least=0, at_most=2 ** 63 - 1):
+    """An argparse type for --key: a whole number in [at_least, at_most] (1e9 reads as 10**9); anything else ends
+    the script with one `error:` line naming the key, before any work."""
+    def parse(text):
+        try:
+            number = float(text)
+            value = int(text) if text.strip().lstrip('+-').isdigit() else int(number) if number.is_integer() else None
+        except ValueError:  # not a number at all
+            value = None
+        if value is None or not at_least <= value <= at_most:
+            raise SystemExit(f"error: --{key}={text} must be a whole number from {at_least} to {at_most:,}; pass e.g. "
+                             f"--{key}={example}")
+        return value
+    return parse
+
+
+def memory_bytes():
+    """This machine's memory and swap (Linux's /proc/meminfo); None where it is not known."""
+    try:
+        with open('/proc/meminfo') as f:
+            sizes = {line.split(':')[0]: int(line.split()[1]) * 1024 for line in f}
+        return sizes['MemTotal'] + sizes.get('SwapTotal', 0)
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def check_examples_fit(args):
+    """One `error:` line, before any work, where a generated task's split (num_train or num_val sequences of
+    seq_len + 1 int64 tokens, made at once) would not fit this machine's memory."""
+    rows, have = max(args['num_train'], args['num_val']), memory_bytes()
+    need = 8 * rows * (args['seq_len'] + 1)
+    if have is not None and need > have:
+        raise SystemExit(f"error: num_train={args['num_train']}, num_val={args['num_val']}, seq_len={args['seq_len']}: "
+                         f"a split needs at least {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
+                         f"this machine; pass a smaller --num_train, --num_val or --seq_len")
+
+
 def val_tokens_needed(cfg):
     """The val split a text run can evaluate on: block_size + 1 tokens for one window, and enough that each of an
     evaluation's eval_iters x batch_size rows can start at its own offset, so its batches differ."""

@@ -75,13 +75,16 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
 
 
 if __name__ == '__main__':
+    from prepare import check_examples_fit, whole_number
     from support.checks import one_line_errors
     parser = argparse.ArgumentParser(description="multi-query associative recall")
     for key, default in (('num_keys', 16), ('num_pairs', 4), ('seq_len', 32), ('num_train', 100_000),
                          ('num_val', 2_000), ('seed', 0)):
-        parser.add_argument(f'--{key}', type=int, default=default)
+        parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
+                            default=default)
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
-    with one_line_errors():  # a setting out of range, a damaged or foreign data_dir: one `error:` line
+    with one_line_errors():  # a setting out of range, too many examples, a damaged or foreign data_dir: one line
+        check_examples_fit(args)
         prepare(args.pop('data_dir'), **args)
     print(f"recall task {args} -> ok")

@@ -24,7 +24,7 @@ import numpy as np
 from datasets import load_dataset
 from tqdm import tqdm
 
-from prepare import gpt2_encoding, read_meta, stop_if_disk_full  # read_meta: openwebtext.py reads it from here too
+from prepare import gpt2_encoding, read_meta, stop_if_disk_full, whole_number  # read_meta: openwebtext.py reads it
 from support.atomic import write_atomically, write_text
 
 EOT = 50256  # <|endoftext|>
@@ -229,7 +229,8 @@ def arg_parser(description, data_dir):
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--source", default=None, help=f"a local copy instead of the hub: {SOURCE_HELP}")
     parser.add_argument("--data_dir", default=str(data_dir), help="where train.bin, val.bin and meta.json go")
-    parser.add_argument("--max_tokens", type=lambda s: int(float(s)), default=None,
+    parser.add_argument("--max_tokens", type=whole_number("max_tokens", "1e9", at_least=1), default=None,
                         help="stop after about this many tokens (e.g. 1e9); rerun with more to continue")
-    parser.add_argument("--num_proc", type=int, default=None, help="tokenizer processes (default: half the cores)")
+    parser.add_argument("--num_proc", type=whole_number("num_proc", 1, 1, os.cpu_count() or 1), default=None,
+                        help="tokenizer processes, at most the cores (default: half of them)")  # each is a fork
     return parser

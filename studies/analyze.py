@@ -39,7 +39,7 @@ from model import layer_inputs_outputs
 from prepare import ROOT, check_files, dataset_kind, read_meta, recorded_dataset, stored_as
 from support.atomic import write_atomically, write_or_exit
 from support.loading import load_run
-from support.checks import (check_device, check_folder, check_or_exit, check_ranges, check_writable_file,
+from support.checks import (check_device, check_fits, check_folder, check_or_exit, check_ranges, check_writable_file,
                             script_settings)
 from support.data import Batches
 from vit import ViT
@@ -63,6 +63,8 @@ def check_analyze_settings(c):
     if not [d for d in c['out_dir'].split(',') if d]:
         raise ValueError("out_dir is empty; pass --out_dir=DIR of a run, or several: --out_dir=DIR1,DIR2")
     check_ranges(c, at_least_one=('batch_size',), not_negative=('example',))
+    check_fits([(16 * c['batch_size'], "the batch's inputs and targets", {'batch_size': c['batch_size']})], 'cpu',
+               doing='the analysis')  # at least a token each, int64
     if c['example'] >= c['batch_size']:
         raise ValueError(f"example={c['example']} must be below batch_size={c['batch_size']} (the examples are "
                          f"numbered from 0); pass --example={c['batch_size'] - 1} or less, or a larger --batch_size")

@@ -132,6 +132,11 @@ def check_memory(cfg, sizes, rows):
     except (OSError, StopIteration):
         return
     T = max(sizes)
+    starts = 8 * (num_tokens // min(sizes))  # every window's offset at once (int64)
+    if starts > free:
+        raise SystemExit(f"error: num_tokens={num_tokens} at T={min(sizes)} draws {num_tokens // min(sizes):,} "
+                         f"windows, whose offsets alone need {starts / 2**30:,.1f} GiB of the {free / 2**30:.1f} GiB "
+                         f"free; pass a smaller --num_tokens")
     need = rows * (3 * cfg.n_head * T * T + 20 * T * cfg.n_embd + T * cfg.vocab_size) * 4
     if need > free and device == 'cpu':
         setting = f"lengths={lengths!r}" if lengths else f"multiples={multiples!r}"

@@ -8,6 +8,7 @@ precedence: when two settings are wrong, the earlier check names its own.
 import importlib.util
 import os
 from contextlib import contextmanager
+from dataclasses import fields
 
 import torch
 
@@ -15,7 +16,7 @@ from attention import check_attention_name
 from model import GPTConfig
 from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, check_init_from
-from prepare import DATASETS, check_dataset_name, dataset_kind
+from prepare import DATASETS, check_dataset_name, dataset_kind, memory_bytes as machine_memory
 from prepare.passkey import DIGITS, parse_needles, shortest
 from support.runtime import DTYPES, check_attention_layers, dataclass_values
 from vit import ViTConfig
@@ -28,6 +29,12 @@ GPT2_BPE = ('openwebtext', 'fineweb_edu', 'shakespeare')  # the datasets HellaSw
 BELOW_ONE = ('dropout', 'drop_path', 'beta1', 'beta2', 'label_smoothing')  # probabilities and decay rates, in [0, 1)
 VIT_KEYS = ('patch_size', 'num_classes', 'augment', 'mixup_alpha', 'cutmix_alpha', 'cutmix_prob',
             'label_smoothing')  # train.py's keys that only a ViT (an image dataset) reads
+# the attention keys of one form of a rule alone: the GPT's causal form (a window, chunks, the mix branch) or the
+# ViT's bidirectional one (the patch grid's neighbours, refinement over the whole sequence, a masked diagonal)
+CAUSAL_ONLY = ('window', 'krause_window', 'cluster_chunk', 'linear_chunk', 'mix')
+BIDIRECTIONAL_ONLY = ('krause_radius', 'krause_metric', 'cluster_iters', 'cluster_self', 'attnx_mask_diagonal',
+                      'longformer_global')
+TASK_KEYS = {'recall_keys': 'recall', 'recall_pairs': 'recall', 'passkey_needles': 'passkey'}  # the generated tasks'
 
 
 @contextmanager
@@ -49,11 +56,11 @@ def check_or_exit(check, *args, **kwargs):
 def check_ranges(c, at_least_one=(), not_negative=(), below_one=()):
     """ValueError naming the first key of `c` (a script's settings) out of its range: sizes and counts at least 1,
     amounts not negative, probabilities and decay rates in [0, 1)."""
-    for key in at_least_one:
-        if c[key] < 1:
+    for key in at_least_one:  # `not >=`: NaN is out of every range
+        if not c[key] >= 1:
             raise ValueError(f"{key}={c[key]} must be at least 1; pass --{key}=1 or more")
     for key in not_negative:
-        if c[key] < 0:
+        if not c[key] >= 0:
             raise ValueError(f"{key}={c[key]} must not be negative; pass --{key}=0 or more")
     for key in below_one:
         if not 0.0 <= c[key] < 1.0:
@@ -68,11 +75,7 @@ def check_train_config(config, world_size=1, set_keys=()):
     check_attention_name(c['attention'])
     check_dataset_name(c['dataset'])
     kind = dataset_kind(c['dataset'])
-    vit_keys = [k for k in VIT_KEYS if k in set_keys]
-    if vit_keys and kind != 'image':
-        images = ', '.join(name for name in DATASETS if dataset_kind(name) == 'image')
-        raise ValueError(f"{vit_keys[0]} is a ViT setting, but dataset {c['dataset']} ({kind}) trains a GPT; drop "
-                         f"--{vit_keys[0]} (and the ViT config that sets it), or pass an image dataset ({images})")
+    check_model_form(c, kind, set_keys)
     if not c['out_dir']:
         raise ValueError("out_dir is empty; pass --out_dir=DIR (ckpt.pt and log.jsonl go there)")
     if os.path.exists(c['out_dir']) and not os.path.isdir(c['out_dir']):
@@ -91,6 +94,9 @@ def check_train_config(config, world_size=1, set_keys=()):
         raise ValueError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of the "
                          f"{world_size} processes; pass a multiple of {world_size}")
     pairs, keys, block_size = c['recall_pairs'], c['recall_keys'], c['block_size']
+    if c['dataset'] == 'recall' and 2 * keys > 2 ** 15:  # its tokens (keys, then values) are stored as int16
+        raise ValueError(f"recall_keys={keys} makes {2 * keys} tokens, more than the 32768 the task's int16 files "
+                         f"hold; pass --recall_keys=16384 or fewer")
     if c['dataset'] == 'recall' and (pairs > keys or 2 * pairs >= block_size):
         raise ValueError(f"recall_pairs={pairs} must be at most recall_keys={keys} and below block_size/2="
                          f"{block_size / 2:g} (the pairs, then queries); pass a smaller --recall_pairs or a larger "
@@ -125,10 +131,101 @@ def check_train_config(config, world_size=1, set_keys=()):
     if c['wandb_log'] and importlib.util.find_spec('wandb') is None:  # not after the data and the model
         raise ValueError("wandb_log=True logs to Weights & Biases, which is not installed; pip install wandb, or pass "
                          "--wandb_log=False (log.jsonl in out_dir has every record)")
-    # the model (a ViT for images, a GPT otherwise) checks its settings as it is configured, and every attention
-    # layer its own as it is built; the sizes the data gives (vocab_size, num_classes) are checked later
+    # the model (a ViT for images, a GPT otherwise) checks its settings as it is configured, its size against the
+    # memory, and every attention layer its own as it is built; the data's sizes (vocab_size, num_classes) come later
     ModelConfig = ViTConfig if kind == 'image' else GPTConfig
-    check_attention_layers(ModelConfig(**dataclass_values(ModelConfig, c)))
+    model_config = ModelConfig(**dataclass_values(ModelConfig, c))
+    check_fits(training_memory(c, model_config), c['device'], set_keys)
+    check_attention_layers(model_config)
+    check_model_form(c, kind, set_keys, rule_keys=True)
+
+
+def form_keys():
+    """{form: the keys only that form of the model reads}: the model's own from the dataclasses (a field one has and
+    the other lacks), train.py's image keys, each rule's form-only keys; and the ViT's layout (causal, grid_size),
+    which the ViT derives from its patch grid and a GPT, causal and without one, never reads."""
+    gpt, vit = ({f.name for f in fields(cls) if f.init} for cls in (GPTConfig, ViTConfig))
+    layout = {f.name for f in fields(ViTConfig) if not f.init} - set(GPTConfig.__annotations__)
+    return {'GPT': (gpt - vit - layout) | set(CAUSAL_ONLY),
+            'ViT': (vit - gpt) | set(VIT_KEYS) | set(BIDIRECTIONAL_ONLY) | layout}, layout
+
+
+def check_model_form(c, kind, set_keys, rule_keys=False):
+    """ValueError naming the first key that a config file or the command line set (set_keys) and that the model this
+    dataset trains does not read: a ViT's key for a GPT (`causal=False` would let it see the future), a GPT's for a
+    ViT, or a generated task's for another dataset; accepted and ignored, it would change nothing the user meant.
+    rule_keys: the rules' form-only keys alone, checked after the layers are built, so that the rule a run picks
+    says first, in its own words, why it refuses its own key (attnx_mask_diagonal=True needs causal=False)."""
+    only, layout = form_keys()
+    form, other = ('ViT', 'GPT') if kind == 'image' else ('GPT', 'ViT')
+    dataset, rules = c['dataset'], {*CAUSAL_ONLY, *BIDIRECTIONAL_ONLY}
+    keys = [k for k in c if k in set_keys and (k in rules) == rule_keys and (
+            k in only[other] or form == 'ViT' and k in layout or TASK_KEYS.get(k, dataset) != dataset)]
+    if not keys:
+        return
+    key = keys[0]
+    if key in TASK_KEYS and TASK_KEYS[key] != dataset:
+        raise ValueError(f"{key} is a setting of the {TASK_KEYS[key]} task, but dataset {dataset} does not read it; "
+                         f"drop --{key}, or pass --dataset={TASK_KEYS[key]}")
+    if form == 'ViT' and key in layout:
+        raise ValueError(f"{key} is the ViT's own, set from its patch grid (patch_size), not a setting; drop --{key}")
+    named = ', '.join(name for name in DATASETS if (dataset_kind(name) == 'image') == (other == 'ViT'))
+    why = ": a GPT is causal and has no patch grid" if key in layout else ''
+    raise ValueError(f"{key} is a {other} setting, but dataset {dataset} ({kind}) trains a {form}{why}; drop --{key} "
+                     f"(and the {other} config that sets it), or pass {'an image' if other == 'ViT' else 'a GPT'} "
+                     f"dataset ({named})")
+
+
+def memory_bytes(device):
+    """What a run on `device` can hold: the GPU's memory, else this machine's memory and swap (Linux); None where
+    it is not known."""
+    if torch.device(device).type == 'cuda':
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return machine_memory()
+
+
+def check_fits(parts, device, set_keys=(), doing='a training step'):
+    """ValueError where parts [(bytes, what, {key: value})], a lower bound of what a run holds at once, need more
+    than `device` has: said before any work, naming the keys of the largest part (those the user set first), rather
+    than an allocation's traceback, or the machine's memory taken, later."""
+    have = memory_bytes(device)
+    need = sum(size for size, _, _ in parts)
+    if have is None or need <= have:
+        return
+    _, what, keys = max(parts, key=lambda part: part[0])
+    names = sorted(keys, key=lambda k: k not in set_keys)
+    raise ValueError(f"{', '.join(f'{k}={keys[k]}' for k in names)}: {doing} holds at least {need / 2**30:,.1f} GiB, "
+                     f"{what} the most of it, more than the {have / 2**30:,.1f} GiB that {device} has; pass a smaller "
+                     f"--{' or --'.join(names)}")
+
+
+def model_memory(cfg, vocab_size=0, trained=True):
+    """The parts of what a model of cfg's shape holds, at the least, any rule: q, k, v and out, the MLP's two
+    Linears, the embeddings (vocab_size 0: not known yet) and the learned positions, in float32, with (trained) their
+    gradients and AdamW's two moments; RoPE's tables in every layer."""
+    C, hidden, T = cfg.n_embd, cfg.mlp_hidden or 4 * cfg.n_embd, cfg.block_size
+    parameters = cfg.n_layer * (4 * C * C + 2 * C * hidden) + (vocab_size + T * (cfg.pos_emb == 'learned')) * C
+    shape = {'n_layer': cfg.n_layer, 'n_embd': C, **({'mlp_hidden': cfg.mlp_hidden} if cfg.mlp_hidden else {})}
+    sequence = {'patch_size': cfg.patch_size} if isinstance(cfg, ViTConfig) else {'block_size': T}
+    rope = 2 * cfg.n_layer * T * (C // max(cfg.n_head, 1)) * 4 if cfg.pos_emb == 'rope' else 0
+    return [(parameters * 4 * (4 if trained else 1), "the model's weights" + (", gradients and AdamW state" if
+             trained else ''), {**shape, **(sequence if cfg.pos_emb == 'learned' else {})}),
+            (rope, "RoPE's tables", {**sequence, 'n_layer': cfg.n_layer})]
+
+
+def training_memory(c, cfg):
+    """The parts of what a training step of train.py's settings c and the model's config cfg holds at once, at the
+    least: the model (frozen weights under LoRA train no state), each layer's activations (8 C a token), and the rows
+    drawn at once for an optimizer step's micro-batches and for an evaluation (int64)."""
+    element = 4 if torch.device(c['device']).type == 'cpu' or c['dtype'] == 'float32' else 2
+    sequence = {'patch_size': cfg.patch_size} if isinstance(cfg, ViTConfig) else {'block_size': cfg.block_size}
+    activations = c['batch_size'] * cfg.block_size * cfg.n_layer * 8 * cfg.n_embd * element
+    rows = {k: c[k] for k in ('gradient_accumulation_steps', 'eval_iters', 'batch_size')}
+    return [*model_memory(cfg, trained=not c['lora_rank']),
+            (activations, "the activations of one micro-batch", {'batch_size': c['batch_size'], **sequence,
+                                                                  'n_layer': cfg.n_layer, 'n_embd': cfg.n_embd}),
+            (8 * c['batch_size'] * max(c['gradient_accumulation_steps'], c['eval_iters']), "the batch rows drawn at "
+             "once", rows)]
 
 
 def check_device(device):
@@ -164,6 +261,9 @@ def check_int_list(c, key, example, at_least=1):
         values = []
     if not values or any(v < at_least for v in values):
         raise ValueError(f"{key}={text!r} must be comma-separated whole numbers, each at least {at_least}; pass e.g. "
+                         f"--{key}={example}")
+    if max(values) >= 2 ** 63:  # torch's and numpy's whole numbers: sizes, seeds
+        raise ValueError(f"{key}={text!r}: {max(values)} is past 64 bits (the most is 2**63 - 1); pass e.g. "
                          f"--{key}={example}")
     return values
 

@@ -35,6 +35,14 @@ def check_attention_layers(config):
         with torch.no_grad():
             for layer_idx in range(config.n_layer):
                 build_attention(config, layer_idx)
+    except (RuntimeError, MemoryError) as e:  # a size of the rule's own (cluster_m=10**12): no allocation holds it
+        if 'allocate' not in str(e) and not isinstance(e, MemoryError):
+            raise
+        default = type(config)()
+        sizes = [f"{f.name}={getattr(config, f.name)}" for f in fields(config) if f.type in (int, 'int') and
+                 getattr(config, f.name) != getattr(default, f.name)]
+        raise ValueError(f"attention='{config.attention}': a layer of these sizes does not fit this machine's "
+                         f"memory ({', '.join(sizes)}); pass smaller ones") from None
     finally:
         nn.Linear.reset_parameters = reset_parameters
 
