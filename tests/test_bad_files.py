@@ -151,7 +151,7 @@ def test_the_last_tracebacks_are_one_line_each(d):
         (['prepare/passkey.py', '--seq_len=3', f'--data_dir={d}/pk'], ['seq_len=3', '--seq_len=11'], f'{d}/pk'),
         (['prepare/passkey.py', '--needles=x', f'--data_dir={d}/pk'], ["needles='x'"], f'{d}/pk'),
         (['prepare/recall.py', '--num_pairs=20', f'--data_dir={d}/rc'], ['num_pairs=20', '--num_pairs'], f'{d}/rc'),
-        (['prepare/recall.py', '--num_val=-1', f'--data_dir={d}/rc'], ['num_val=-1', '--num_val=1'], f'{d}/rc'),
+        (['prepare/recall.py', '--num_val=-1', f'--data_dir={d}/rc'], ['num_val=-1', '--num_val=2000'], f'{d}/rc'),
         (['studies/cluster_swap.py', f'--out_dir={d / "vit"}'], [d / 'vit', 'ViT', '--out_dir='], None),
         (['train.py', *TINY, '--dataset=recall', '--recall_pairs=2', f'--data_dir={d}/rc', f'--out_dir={d}/o1',
           f'--init_from={d / "text/ckpt.pt"}', '--lora_rank=2'], ['dataset=recall', 'character', '--dataset='], f'{d}/rc'),

@@ -175,7 +175,8 @@ def ddp_rank(rank, path, queue):
         sums, counts = routed_sums(attn, x)
         attn(x).sum().backward()
         optimizer.step()
-        queue.put((rank, attn.centroids.clone(), sums, counts))
+        # sent by value: a tensor would go by a shared file descriptor, whose socket is gone once this process ends
+        queue.put((rank, *(t.detach().numpy().copy() for t in (attn.centroids, sums, counts))))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -187,7 +188,7 @@ def test_ranks_all_reduce_their_sums_and_keep_the_same_centroids(tmp_path):
     ranks = [context.Process(target=ddp_rank, args=(r, tmp_path / 'store', queue)) for r in range(2)]
     for p in ranks:
         p.start()
-    results = dict((r, rest) for r, *rest in (queue.get(timeout=60) for _ in ranks))
+    results = {r: [torch.from_numpy(a) for a in rest] for r, *rest in (queue.get(timeout=60) for _ in ranks)}
     for p in ranks:
         p.join(timeout=60)
     start = make(24, routing_clusters=4).centroids
