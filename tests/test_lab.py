@@ -109,13 +109,19 @@ def test_a_cell_of_two_seeds_is_the_mean_and_half_the_range(monkeypatch):
 # the papers' tables (--table): equal terms, each cell's parameters and FLOPs, seeds and what holds
 
 
-def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_model(tmp_path):
+def tiny_text_table(tmp_path, name, rules):
+    """(out_root, table.json's rows, the output) of table `name`'s text system at the tiny budget, on a text the test
+    writes."""
     source = tmp_path / 'input.txt'
     source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rules=softmax,tda', '--budget=tiny',
+    out = run_script('studies/ablate.py', f'--table={name}', '--systems=text', f'--rules={rules}', '--budget=tiny',
                      f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
-    rows = json.loads((lab / 'tda' / 'table.json').read_text())['rows']
+    return lab, json.loads((lab / name / 'table.json').read_text())['rows'], out
+
+
+def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_model(tmp_path):
+    lab, rows, out = tiny_text_table(tmp_path, 'tda', 'softmax,tda')
     assert list(rows) == ['softmax', 'tda'] and all(r['text']['status'] == 'ok' for r in rows.values()), out
     shapes, params = {}, {}
     for row in rows:
@@ -216,12 +222,7 @@ def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_r
 def test_a_swapped_row_is_the_trained_softmax_run_with_cluster_attention_scored_as_every_row(tmp_path):
     """The cluster table's swap trains nothing: its checkpoint is the softmax run's, every shared weight equal, with
     cluster attention (seeds by k-means on that run's keys) in its place, and train.py scores it as it scores a row."""
-    source = tmp_path / 'input.txt'
-    source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
-    lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=cluster', '--systems=text', '--rules=softmax,swap', '--budget=tiny',
-                     f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
-    rows = json.loads((lab / 'cluster' / 'table.json').read_text())['rows']
+    lab, rows, out = tiny_text_table(tmp_path, 'cluster', 'softmax,swap')
     assert all(rows[r]['text']['status'] == 'ok' for r in ('softmax', 'swap')), out
     folder = lab / 'cluster' / 'text'
     softmax, swap = (torch.load(folder / f'{r}-s1337' / 'ckpt.pt', map_location='cpu', weights_only=True)
