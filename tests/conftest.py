@@ -222,3 +222,14 @@ def rule_cases(cases, capability=None):
         marks = pytest.mark.skip(reason=f"{lacking[0][0].__name__} does not declare {lacking[0][1]}") if lacking else ()
         params.append(pytest.param(kw, marks=marks, id='-'.join(f'{k}={v}' for k, v in kw.items())))
     return params
+
+
+@pytest.fixture
+def eager_flex_backward(monkeypatch):
+    """Flex refuses a CPU backward by a device check only; past it, eager flex's reference backward runs: a rule's
+    wiring (its gradients through flex), not the GPU's compiled kernel, which tests/test_gpu.py compares on a GPU."""
+    import torch.nn.attention.flex_attention as flex
+    if not hasattr(flex, '_validate_device'):
+        pytest.skip("torch's flex device check moved")
+    monkeypatch.setattr(flex, '_validate_device', lambda *args: None)
+    torch.compiler.reset()  # eager flex traces itself; after other tests' shapes that trace turns dynamic and fails

@@ -85,14 +85,9 @@ def test_flex_forward_equals_math(T, kw):
         torch.testing.assert_close(attn.attend_flex(q, k, v), attn.attend(q, k, v), atol=1e-5, rtol=1e-5)
 
 
-def test_flex_backward_on_cpu_through_eager_flex(monkeypatch):
+def test_flex_backward_on_cpu_through_eager_flex(eager_flex_backward):
     # s reaches flex through the scaled queries, not a score_mod: its gradient through eager flex's reference
-    # backward (past flex's CPU device check) equals the math path's
-    import torch.nn.attention.flex_attention as flex
-    if not hasattr(flex, '_validate_device'):
-        pytest.skip("torch's flex device check moved")
-    monkeypatch.setattr(flex, '_validate_device', lambda *args: None)
-    torch.compiler.reset()  # eager flex traces itself; after other tests' shapes that trace turns dynamic and fails
+    # backward equals the math path's
     attn = make(50)
     tensors = qkv(50)
     grads = []

@@ -145,15 +145,8 @@ def test_flex_forward_equals_math(T, kw):
         torch.testing.assert_close(attn.attend_flex(*tensors), attn.attend(*tensors), atol=1e-5, rtol=1e-5)
 
 
-def test_flex_backward_on_cpu_through_eager_flex(monkeypatch):
-    # Flex refuses a CPU backward by a device check only; past it, eager flex's reference backward runs. That
-    # checks this rule's wiring (lse gradient, β captured by the score_mod, λ outside), not the GPU's compiled
-    # kernel, which tests/test_gpu.py compares on a GPU.
-    import torch.nn.attention.flex_attention as flex
-    if not hasattr(flex, '_validate_device'):
-        pytest.skip("torch's flex device check moved")
-    monkeypatch.setattr(flex, '_validate_device', lambda *args: None)
-    torch.compiler.reset()  # eager flex traces itself; after other tests' shapes that trace turns dynamic and fails
+def test_flex_backward_on_cpu_through_eager_flex(eager_flex_backward):
+    # this rule's wiring through flex: the lse gradient, β captured by the score_mod, λ outside
     attn = make(50)
     tensors = inputs(5, 50)
     own = list(parameters(attn)[0].values())
