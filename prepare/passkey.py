@@ -25,7 +25,7 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, check_dataset_dir, write_prepared
+from prepare import array_file, check_dataset_dir, script_errors, write_prepared
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'passkey')
 FILLER = 16
@@ -166,7 +166,6 @@ def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_tr
 
 if __name__ == '__main__':
     from prepare import check_examples_fit, whole_number
-    from support.checks import one_line_errors
     parser = argparse.ArgumentParser(description="passkey retrieval")
     for key, default in (('seq_len', 64), ('digits', 4), ('num_train', 100_000), ('num_val', 2_000), ('seed', 0)):
         parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
@@ -174,7 +173,7 @@ if __name__ == '__main__':
     parser.add_argument('--needles', default='1')
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
-    with one_line_errors():  # a setting out of range, too many examples, a damaged or foreign data_dir: one line
+    with script_errors():  # a bad setting, too many examples, a foreign data_dir, a full disk, Ctrl-C: one line
         check_examples_fit(args)
         prepare(args.pop('data_dir'), **args)
     print(f"passkey task {args} -> ok")

@@ -21,7 +21,7 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, check_dataset_dir, write_prepared
+from prepare import array_file, check_dataset_dir, script_errors, write_prepared
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'recall')
 
@@ -76,7 +76,6 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
 
 if __name__ == '__main__':
     from prepare import check_examples_fit, whole_number
-    from support.checks import one_line_errors
     parser = argparse.ArgumentParser(description="multi-query associative recall")
     for key, default in (('num_keys', 16), ('num_pairs', 4), ('seq_len', 32), ('num_train', 100_000),
                          ('num_val', 2_000), ('seed', 0)):
@@ -84,7 +83,7 @@ if __name__ == '__main__':
                             default=default)
     parser.add_argument('--data_dir', default=DEFAULT_DIR)
     args = vars(parser.parse_args())
-    with one_line_errors():  # a setting out of range, too many examples, a damaged or foreign data_dir: one line
+    with script_errors():  # a bad setting, too many examples, a foreign data_dir, a full disk, Ctrl-C: one line
         check_examples_fit(args)
         prepare(args.pop('data_dir'), **args)
     print(f"recall task {args} -> ok")
