@@ -9,7 +9,7 @@ band, query tiles, BlockMasks, KV caches, RoPE) is in machinery/, imported here 
 Exact formulas, derivations, the papers' settings and their code's defects: docs/rules.md.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -1967,7 +1967,10 @@ class MixAttention(Attention):
     scratch with attention='krause' it is the Krause paper's language-model form; on a pretrained model
     (support/pretrained.py) the softmax branch is the pretrained attention and the rule's branch a parallel shortcut
     that starts as a copy of it. In the frame: project gives both branches' tensors, softmax's first; attend gives
-    both per-head outputs side by side, (B, H, T, 2D); out projects each through its branch and gates them.
+    both per-head outputs side by side, (B, H', T, 2D); out projects each through its branch and gates them.
+    mix_matched=True gives each branch half the heads (H' = H/2 of the same size D: q, k, v C → C/2, out C/2 → C),
+    so the pair holds one softmax layer's attention parameters, plus the gate and the rule's own: the parameter-
+    matched form of a comparison with softmax. Otherwise H' = H and the pair holds twice softmax's.
     """
     has_cache, has_flex, fused = True, True, True  # has_*: where the rule's branch has them too (set below)
     projections = None  # each branch brings its own
@@ -1976,14 +1979,29 @@ class MixAttention(Attention):
         if not config.causal:
             raise ValueError("mix is the language-model form (causal=True); use mix=False in a ViT")
         super().__init__(config, layer_idx)
-        self.softmax = SoftmaxAttention(config, layer_idx)
-        self.rule = ATTENTION[config.attention](config, layer_idx)
+        branch = self.branch_config(config)
+        self.softmax = SoftmaxAttention(branch, layer_idx)
+        self.rule = ATTENTION[config.attention](branch, layer_idx)
+        if config.mix_matched:  # each branch reads from and writes to the C-wide residual stream
+            for layer in (self.softmax, self.rule):
+                layer.c_attn = nn.Linear(config.n_embd, layer.c_attn.out_features, bias=config.bias)
+                layer.c_proj = nn.Linear(layer.c_proj.in_features, config.n_embd, bias=config.bias)
         self.has_cache, self.has_flex = self.rule.has_cache, self.rule.has_flex
         self.gate = nn.Linear(2 * config.n_embd, 2)
         if self.rule.weights_note:  # analyze.py: the mix is then no distribution either
             self.weights_note = self.rule.weights_note
         if self.rule.first_token_note:  # nor is token 0's share of it meaningful
             self.first_token_note = self.rule.first_token_note
+
+    @staticmethod
+    def branch_config(config):
+        """A branch's settings: the model's, or with mix_matched half the heads at the same head size (C/2 wide)."""
+        if not config.mix_matched:
+            return config
+        if config.n_head % 2:
+            raise ValueError(f"mix_matched=True gives each branch half the heads, and n_head={config.n_head} is odd; "
+                             f"pass an even --n_head, or --mix_matched=False")
+        return replace(config, n_head=config.n_head // 2, n_embd=config.n_embd // 2)
 
     def init_extra(self):
         nn.init.normal_(self.gate.weight, std=0.01)
@@ -2042,6 +2060,9 @@ class MixAttention(Attention):
 
 
 def build_attention(config, layer_idx):
+    if config.mix_matched and not config.mix:
+        raise ValueError("mix_matched=True halves the branches of a mix; pass --mix=True with it, or drop "
+                         "--mix_matched")
     return rule_class(config.attention, config.mix)(config, layer_idx)
 
 
@@ -2074,6 +2095,7 @@ class FrameConfig:
     grid_size: int = 0           # ViT: side of the patch grid (tokens = 1 CLS + grid_size²); 0 for sequences
     pos_emb: str = 'learned'     # 'learned' (added to the input), 'rope' (rotates q and k in every layer) or 'none'
     mix: bool = False            # GPT: a causal softmax branch beside the rule, gated per token (MixAttention)
+    mix_matched: bool = False    # mix: each branch with half the heads, the pair softmax's attention parameters
     rope_base: float = 10000.0   # RoPE: the base θ of the frequencies θ^(-2i/D)
     rope_scaling: str = 'none'   # RoPE past the trained context: 'none', 'linear' (positions / s), 'ntk' (θ·s^(D/(D-2)))
     rope_factor: float = 1.0     # RoPE scaling's s: the longer context / the trained one

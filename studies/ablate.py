@@ -236,6 +236,8 @@ TABLES = {
                 'longformer': '--attention=longformer --longformer_window=32 --longformer_window_last=512',  # grows
                 'routing': '--attention=routing --routing_clusters=32 --routing_window=32 --flex=False',  # half local
                 'krause': '--attention=krause --mix=True --krause_window=32 --krause_topk=16 --krause_sigma=2.5',
+                'krause_matched': '--attention=krause --mix=True --mix_matched=True --krause_window=32 --krause_topk=16 '
+                                  '--krause_sigma=2.5',  # each branch half the heads: softmax's parameters
             },
         }},
     },

@@ -31,7 +31,7 @@ VIT_KEYS = ('patch_size', 'num_classes', 'augment', 'mixup_alpha', 'cutmix_alpha
             'label_smoothing')  # train.py's keys that only a ViT (an image dataset) reads
 # the attention keys of one form of a rule alone: the GPT's causal form (a window, chunks, the mix branch) or the
 # ViT's bidirectional one (the patch grid's neighbours, refinement over the whole sequence, a masked diagonal)
-CAUSAL_ONLY = ('window', 'krause_window', 'cluster_chunk', 'linear_chunk', 'mix')
+CAUSAL_ONLY = ('window', 'krause_window', 'cluster_chunk', 'linear_chunk', 'mix', 'mix_matched')
 BIDIRECTIONAL_ONLY = ('krause_radius', 'krause_metric', 'cluster_iters', 'cluster_self', 'attnx_mask_diagonal',
                       'longformer_global')
 TASK_KEYS = {'recall_keys': 'recall', 'recall_pairs': 'recall', 'passkey_needles': 'passkey'}  # the generated tasks'

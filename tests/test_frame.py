@@ -20,6 +20,7 @@ from prepare.recall import make_examples
 # every registered rule, in the forms a GPT (causal) and a ViT (65 tokens on an 8x8 grid) build it
 CAUSAL = [dict(attention=name) for name in ATTENTION] + [dict(attention='softmax', window=5)]
 CAUSAL += [dict(attention=name, mix=True) for name in ATTENTION]  # each rule beside a softmax branch
+CAUSAL += [dict(attention='krause', mix=True, mix_matched=True)]  # each branch with half the heads
 VIT = [dict(attention=name, causal=False, grid_size=8) for name in ATTENTION]
 
 
@@ -34,11 +35,12 @@ def test_every_rule_is_project_attend_out(kw):
     assert isinstance(attn, Attention)
     x = torch.randn(2, 65, 32, dtype=torch.float64)
     tensors = attn.project(x)
-    assert all(t.shape[:3] == (2, 4, 65) for t in tensors)
+    heads = 2 if kw.get('mix_matched') else 4  # a matched mix: each branch half the heads
+    assert all(t.shape[:3] == (2, heads, 65) for t in tensors)
     if attn.projections is not None:
         assert len(tensors) == len(attn.projections)
     y = attn.path()(*tensors)  # what forward runs: attend, or the rule's fused path (the same function)
-    assert y.shape[:3] == (2, 4, 65)
+    assert y.shape[:3] == (2, heads, 65)
     torch.testing.assert_close(attn(x), attn.out(y), atol=0, rtol=0)
     torch.testing.assert_close(attn.attend(*tensors), y, atol=1e-12, rtol=1e-12)
 

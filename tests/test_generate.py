@@ -17,6 +17,7 @@ SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=11, bias=
 # boundary that the band and the decode path may round apart; positions break the ties)
 CASES = [dict(attention=name) for name in ATTENTION] + [
     dict(attention='softmax', window=8), dict(attention='krause', mix=True),
+    dict(attention='krause', mix=True, mix_matched=True),
     dict(attention='attentionx', window=8),
     dict(attention='cluster', cluster_chunk=5), dict(attention='cluster', cluster_chunk=24), dict(attention='softmax', pos_emb='none'),
     dict(attention='softmax', pos_emb='learned', block_size=96)]

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention, dense_mask, grid_mask, krause_topk_schedule
+from attention import AttentionConfig, SoftmaxAttention, build_attention, dense_mask, grid_mask, krause_topk_schedule
 from conftest import assert_causal
 from model import GPT, GPTConfig
 
@@ -111,7 +111,7 @@ def test_dense_form_equals_band():
     torch.testing.assert_close(attn.attend_dense(q, k, v), attn.attend(q, k, v), atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize('kw', [dict(), dict(mix=True), dict(pos_emb='rope')])
+@pytest.mark.parametrize('kw', [dict(), dict(mix=True), dict(mix=True, mix_matched=True), dict(pos_emb='rope')])
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='krause',
@@ -135,11 +135,21 @@ def test_flex_forward_equals_math_2d():
         torch.testing.assert_close(attn.attend_flex(q, k, v), attn.attend(q, k, v), atol=1e-5, rtol=1e-5)
 
 
-def test_mix_gate_starts_at_point_eight_and_mixes_per_token():
+@pytest.mark.parametrize('matched', [False, True])
+def test_mix_gate_starts_at_point_eight_and_mixes_per_token(matched):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause',
-                          mix=True, krause_window=4, krause_topk=2))
+                          mix=True, mix_matched=matched, krause_window=4, krause_topk=2))
     mix = model.transformer.h[0].attn
+    heads, C = (1, 16) if matched else (2, 16)  # matched: half the heads each, head size 8 as before
+    for branch in (mix.softmax, mix.rule):
+        assert (branch.n_head, branch.head_dim) == (heads, 8)
+        assert branch.c_attn.weight.shape == (3 * heads * 8, C) and branch.c_proj.weight.shape == (C, heads * 8)
+    softmax = SoftmaxAttention(AttentionConfig(n_embd=16, n_head=2), 0)
+    own = sum(p.numel() for p in softmax.parameters())  # q, k, v, out and their biases: 4C² + 4C
+    pair = sum(p.numel() for name, p in mix.named_parameters() if name.split('.')[-1] not in ('log_sigma',)
+               and not name.startswith('gate'))
+    assert pair == (own + C if matched else 2 * own)  # matched: softmax's weights; one more out bias
     assert mix.gate.bias.softmax(-1).tolist() == pytest.approx([0.8, 0.2])
     assert 0 < mix.gate.weight.std().item() < 0.02  # N(0, 0.01), not the Linears' N(0, 0.02)
     x = torch.randn(2, 12, 16)
