@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from support.atomic import write_or_exit
+from prepare.atomic import write_or_exit
 from support.loading import load_run
 from support.checks import (check_device, check_dtype, check_fits, check_folder, check_or_exit,
                             check_ranges, check_writable_file, one_line_errors, script_settings)

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from support.atomic import failure_line, write_or_exit, write_text
+from prepare.atomic import failure_line, write_or_exit, write_text
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, which holds data/ and the scripts
 

@@ -9,7 +9,6 @@ schema (columns img + label, or img + fine_label/coarse_label; MNIST: image + la
 """
 import argparse
 import io
-import json
 import os
 import sys
 from pathlib import Path

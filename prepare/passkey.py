@@ -17,7 +17,6 @@ wherever the KEY was, however far back, which local windows can only reach throu
 $ python prepare/passkey.py [--seq_len=64 --digits=4 --needles=1 --data_dir=data/passkey]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -144,6 +143,15 @@ def check_task(task, needles):
                          f"question; pass --seq_len={shortest(task['digits'], most)} or more, or fewer --needles")
 
 
+def check_train_settings(c):
+    """ValueError where train.py's block_size (c: its settings) cannot hold passkey_needles' most passkeys: trained
+    short, tested long (studies/extrapolate.py)."""
+    most = max(parse_needles(c['passkey_needles']))
+    if c['block_size'] < shortest(DIGITS, most):
+        raise ValueError(f"block_size={c['block_size']} cannot hold {most} passkeys and the question; pass "
+                         f"--block_size={shortest(DIGITS, most)} or more, or fewer --passkey_needles")
+
+
 def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_train=100_000, num_val=2_000,
             seed=0, needles='1'):
     """Write {train,val}_{x,y}.npy and meta.json; return at once if data_dir holds this exact task already."""
@@ -153,7 +161,6 @@ def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_tr
     check_task(task, needles)
     if str(needles) != '1':  # a single needle's folders, from before needles existed, stay valid
         task['needles'] = str(needles)
-    meta_path = os.path.join(data_dir, 'meta.json')
     if (check_dataset_dir('passkey', data_dir) or {}).get('task') == task:  # a damaged or foreign folder: ValueError
         return
     files = {}

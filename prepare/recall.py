@@ -13,7 +13,6 @@ which is what attention rules differ on (a window shorter than the context canno
 $ python prepare/recall.py [--num_keys=16 --num_pairs=4 --seq_len=32 --data_dir=data/recall]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -56,6 +55,18 @@ def check_task(task):
                          f"a larger --num_keys or --seq_len")
 
 
+def check_train_settings(c):
+    """ValueError naming the first of train.py's recall keys (c: its settings) that the task cannot hold."""
+    pairs, keys, block_size = c['recall_pairs'], c['recall_keys'], c['block_size']
+    if 2 * keys > 2 ** 15:  # its tokens (keys, then values) are stored as int16
+        raise ValueError(f"recall_keys={keys} makes {2 * keys} tokens, more than the 32768 the task's int16 files "
+                         f"hold; pass --recall_keys=16384 or fewer")
+    if pairs > keys or 2 * pairs >= block_size:
+        raise ValueError(f"recall_pairs={pairs} must be at most recall_keys={keys} and below block_size/2="
+                         f"{block_size / 2:g} (the pairs, then queries); pass a smaller --recall_pairs or a larger "
+                         f"--recall_keys or --block_size")
+
+
 def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len=32,
             num_train=100_000, num_val=2_000, seed=0):
     """Write {train,val}_{x,y}.npy and meta.json; return at once if data_dir holds this exact task already."""
@@ -63,7 +74,6 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
         raise ValueError("the recall task is generated in code; it takes no --source")
     task = dict(num_keys=num_keys, num_pairs=num_pairs, seq_len=seq_len, num_train=num_train, num_val=num_val, seed=seed)
     check_task(task)
-    meta_path = os.path.join(data_dir, 'meta.json')
     if (check_dataset_dir('recall', data_dir) or {}).get('task') == task:  # a damaged or foreign folder: ValueError
         return
     files = {}

@@ -25,7 +25,7 @@ from datasets import load_dataset
 from tqdm import tqdm
 
 from prepare import gpt2_encoding, read_meta, stop_if_disk_full, whole_number  # read_meta: openwebtext.py reads it
-from support.atomic import write_atomically, write_text
+from prepare.atomic import write_atomically, write_text
 
 EOT = 50256  # <|endoftext|>
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}  # suffix -> datasets loader

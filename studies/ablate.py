@@ -58,7 +58,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attention import ATTENTION
 from prepare import ROOT
-from support.atomic import write_atomically, write_or_exit, write_text
+from prepare.atomic import write_atomically, write_or_exit, write_text
 from support.rundir import RunDir
 from support.checks import check_int_list, check_or_exit, script_settings
 

@@ -235,7 +235,7 @@ def load_bpe_run(path):
 def write_results(results, elapsed, table):
     """DIR/harness.json (the harness's results, configs and versions) and DIR/harness.md (its table), each written
     atomically; a failed write is one `error:` line (the table is printed before)."""
-    from support.atomic import write_or_exit
+    from prepare.atomic import write_or_exit
     keep = {k: v for k, v in results.items() if k != 'samples'}
     keep['attention_lab'] = {'out_dir': out_dir, 'tasks': tasks, 'limit': limit, 'batch_size': batch_size,
                              'use_cache': use_cache, 'device': device, 'dtype': dtype, 'seconds': elapsed}

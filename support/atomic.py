@@ -1,58 +1,16 @@
 """
-Writing a file atomically: a reader sees the old file or the new one, never half of one, and a write that fails
-(disk full, a missing folder, Ctrl-C) leaves nothing behind. save_checkpoint writes ckpt.pt this way; failure_line is
-the one line a failed write is told in; write_or_exit ends a script's output write in it (a prepared folder's files
-too: prepare.write_prepared).
+A checkpoint written atomically (prepare/atomic.py's write_atomically): a reader sees the old ckpt.pt or the new one,
+never half of one, and a failed write (disk full, Ctrl-C) leaves the old one as it was.
 """
-import os
+import torch
 
-
-def write_atomically(path, write):
-    """write(temporary path), then a rename onto `path`: a reader sees the old file or the new one, never half of
-    one. Where writing fails (disk full, a missing folder, Ctrl-C) the temporary file is removed and the error
-    raised again: nothing is left behind, and `path` is as it was."""
-    tmp = f"{path}.tmp"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+from prepare.atomic import write_atomically
 
 
 def save_checkpoint(checkpoint, path):
     """Write `checkpoint` to `path` atomically (write_atomically). Through a Python file, so that a failed write
     (disk full) is an OSError behind torch's RuntimeError, which failure_line reads."""
-    import torch  # here: the prepare scripts write through this module too, and need no torch
-
     def write(tmp):
         with open(tmp, 'wb') as f:
             torch.save(checkpoint, f)
     write_atomically(path, write)
-
-
-def write_text(path, text):
-    with open(path, 'w') as f:
-        f.write(text)
-
-
-def failure_line(path, e):
-    """'cannot write PATH (why)': the OSError's words (No space left on device, File too large) where there is one,
-    also where torch.save raised a RuntimeError for it."""
-    cause = e
-    while cause is not None and not isinstance(cause, OSError):
-        cause = cause.__cause__ or cause.__context__
-    if cause is not None:
-        return f"cannot write {path} ({cause.strerror or cause})"
-    return f"cannot write {path} ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]})"
-
-
-def write_or_exit(path, write, kept, todo):
-    """write_atomically(path, write) for a script's output; where it fails (a missing folder, no permission, the disk
-    full) the temporary file is gone and the script ends in one `error:` line: what failed (failure_line), what was
-    kept (`kept`), what to do (`todo`)."""
-    try:
-        write_atomically(path, write)
-    except (OSError, RuntimeError) as e:
-        raise SystemExit(f"error: {failure_line(path, e)}; {kept}; {todo}") from None

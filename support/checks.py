@@ -4,6 +4,13 @@ ValueError whose message names the key and the fix, and the script prints it as 
 (`check_or_exit`, or `one_line_errors` around a block). train.py's checks are the model; every script a user runs
 checks its own the same way, with the same range helpers. The checks run in the order written, which is the order of
 precedence: when two settings are wrong, the earlier check names its own.
+
+This module is the one hub that imports from every floor below the scripts (the rules' names, the models' dataclasses,
+the data sets, the pretrained starts, a checkpoint to resume), and it has to be one: train.py checks every setting
+before any work, in one order of precedence. What checks one thing lives beside it and is only called from here
+(check_attention_name with the rules, check_init_from with the pretrained bases, a generated task's keys in its
+prepare/ module, check_attention_layers with the runtime); what stays here is the order, the range helpers every
+script shares, and the checks that span floors (a ViT's key given to a GPT, the memory a run needs).
 """
 import importlib.util
 import os
@@ -17,7 +24,7 @@ from model import GPTConfig
 from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, check_init_from
 from prepare import DATASETS, check_dataset_name, dataset_kind, memory_bytes as machine_memory
-from prepare.passkey import DIGITS, parse_needles, shortest
+from prepare import passkey, recall
 from support.runtime import DTYPES, check_attention_layers, dataclass_values
 from vit import ViTConfig
 
@@ -34,6 +41,7 @@ VIT_KEYS = ('patch_size', 'num_classes', 'augment', 'mixup_alpha', 'cutmix_alpha
 CAUSAL_ONLY = ('window', 'krause_window', 'cluster_chunk', 'linear_chunk', 'mix', 'mix_matched')
 BIDIRECTIONAL_ONLY = ('krause_radius', 'krause_metric', 'cluster_iters', 'cluster_self', 'attnx_mask_diagonal',
                       'longformer_global')
+TASK_CHECKS = {'recall': recall.check_train_settings, 'passkey': passkey.check_train_settings}
 TASK_KEYS = {'recall_keys': 'recall', 'recall_pairs': 'recall', 'passkey_needles': 'passkey'}  # the generated tasks'
 
 
@@ -93,19 +101,8 @@ def check_train_config(config, world_size=1, set_keys=()):
     if c['gradient_accumulation_steps'] % world_size:
         raise ValueError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of the "
                          f"{world_size} processes; pass a multiple of {world_size}")
-    pairs, keys, block_size = c['recall_pairs'], c['recall_keys'], c['block_size']
-    if c['dataset'] == 'recall' and 2 * keys > 2 ** 15:  # its tokens (keys, then values) are stored as int16
-        raise ValueError(f"recall_keys={keys} makes {2 * keys} tokens, more than the 32768 the task's int16 files "
-                         f"hold; pass --recall_keys=16384 or fewer")
-    if c['dataset'] == 'recall' and (pairs > keys or 2 * pairs >= block_size):
-        raise ValueError(f"recall_pairs={pairs} must be at most recall_keys={keys} and below block_size/2="
-                         f"{block_size / 2:g} (the pairs, then queries); pass a smaller --recall_pairs or a larger "
-                         f"--recall_keys or --block_size")
-    if c['dataset'] == 'passkey':  # trained short, tested long (studies/extrapolate.py)
-        counts = parse_needles(c['passkey_needles'])
-        if c['block_size'] < shortest(DIGITS, max(counts)):
-            raise ValueError(f"block_size={c['block_size']} cannot hold {max(counts)} passkeys and the question; pass "
-                             f"--block_size={shortest(DIGITS, max(counts))} or more, or fewer --passkey_needles")
+    if c['dataset'] in TASK_CHECKS:  # a generated task's own keys, checked beside the task (prepare/)
+        TASK_CHECKS[c['dataset']](c)
     check_dtype(c['dtype'])
     if c['eval_full'] and not c['eval_only']:
         raise ValueError("eval_full=True is a one-off measurement of a checkpoint; pass it with --eval_only=True "

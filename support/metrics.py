@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 
-from support.atomic import write_atomically, write_text
+from prepare.atomic import write_atomically, write_text
 
 
 def digest(path):

@@ -12,7 +12,8 @@ import socket
 import sys
 import time
 
-from support.atomic import failure_line, save_checkpoint, write_atomically, write_text
+from prepare.atomic import failure_line, write_atomically, write_text
+from support.atomic import save_checkpoint
 from support.metrics import MetricsLog
 from support.resume import kept_checkpoint_line
 

@@ -40,6 +40,8 @@ def test_imports_read_downward():
         assert not imported(ROOT / name) & {'support', 'studies', 'train', 'sample', 'bench'}, name
     for path in tracked('support/*.py') + tracked('prepare/*.py'):
         assert 'studies' not in imported(path), path
+    for path in tracked('prepare/*.py'):  # the data's floor: support and the scripts build on it, never the reverse
+        assert not imported(path) & {'support', 'model', 'attention', 'rules', 'vit', 'train', 'sample'}, path
     for path in tracked('machinery/*.py'):  # the bottom: what the rules are built from knows no rule and no script
         assert imported(path) <= {'machinery', 'torch', 'warnings', 'functools'}, path
 
