@@ -90,3 +90,42 @@ def test_tda_kernel_skips_a_key_block_without_survivors(skip, monkeypatch):
     for i in (1, 3):  # k1, k2
         tensors[i][:, :, 64:128] = 0
     compare(attn, lambda *t: tda_kernel_attend(attn, *t), tensors, attn.projections)
+
+
+def krause_kernel_attend(attn, q, k, v):
+    """The Krause rule's band in the kernel: W keys per query, the top k kept, a softmax over them."""
+    from machinery.krause_kernel import krause_band_attention
+    return krause_band_attention(q, k, v, attn.log_sigma, attn.krause_window, attn.topk)
+
+
+def krause_module(W, topk):
+    cfg = AttentionConfig(n_embd=32, n_head=2, block_size=T, attention='krause', krause_window=W, krause_topk=topk)
+    attn = build_attention(cfg, 0).to(DEVICE)
+    with torch.no_grad():  # a different σ per head, so a mix-up of heads would show
+        attn.log_sigma.copy_(torch.log(torch.tensor([0.7, 1.3])))
+    return attn
+
+
+def krause_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, T, 16, generator=g).to(DEVICE) for _ in range(3)]
+
+
+# (W, k): the GPT setting; a narrow window; W = k (every row keeps all); W no power of two with a wider left tile
+# (32-query blocks); in each, the first rows reach k keys or fewer and keep them all
+@pytest.mark.parametrize('W,topk', [(32, 16), (8, 3), (20, 20), (100, 60), (128, 96)])
+def test_krause_kernel_equals_math(W, topk):
+    attn = krause_module(W, topk)
+    # scores of tens (σ = 0.7): float32 rounds them by ~1e-6, which exp carries into every output and gradient
+    compare(attn, lambda *t: krause_kernel_attend(attn, *t), krause_inputs(), 'qkv', tolerance=1e-4)
+
+
+def test_krause_kernel_keeps_every_key_tied_at_the_kth():
+    """Keys 40..89 identical: their scores tie exactly, at and around each row's k-th, and the rows keep every tied
+    key (the math path's boundary halfway between the k-th and the (k+1)-th: >= keeps the tie)."""
+    attn = krause_module(32, 16)
+    q, k, v = krause_inputs()
+    k[:, :, 40:90] = k[:, :, 40:41]
+    scores = attn.scores(q, k)[..., 89, 58:90]  # row 89's window: 32 keys, all tied
+    assert (scores == scores[..., :1]).all()
+    compare(attn, lambda *t: krause_kernel_attend(attn, *t), [q, k, v], 'qkv', tolerance=1e-4)
