@@ -34,6 +34,14 @@ def load_rows(ptr, stride_t, rows, cols, T, width):  # (len(rows), len(cols)) of
 
 
 @jit
+def causal_visible(rows, cols, T, CAUSAL: tl.constexpr):  # (M, N): key j in the sequence, and j <= i if causal
+    visible = (cols[None, :] < T) & (rows[:, None] >= 0)
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None])
+    return visible
+
+
+@jit
 def view_scores(Q, K, sq, sk, rows, cols, dims, T, d, PRECISION: tl.constexpr):  # q·k of one view, (M, N) float32
     q = load_rows(Q, sq, rows, dims, T, d)
     k = load_rows(K, sk, cols, dims, T, d)
@@ -59,7 +67,7 @@ def tda_forward_kernel(Q1, K1, Q2, K2, V, TAU, LAM, Y,
     end = (m + 1) * BLOCK_M if CAUSAL else T  # causal: no key block past the diagonal (past T: masked)
     for start in range(0, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        visible = (cols[None, :] < T) & ((cols[None, :] <= rows[:, None]) if CAUSAL else True)
+        visible = causal_visible(rows, cols, T, CAUSAL)
         s1, _, _ = view_scores(Q1, K1, sq1t, sk1t, rows, cols, dims, T, d, PRECISION)
         a, _ = excess_power(s1 - tau, p, P_MODE)
         if TWO_VIEWS:
@@ -104,7 +112,7 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
     first = (n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0  # causal: queries at or after the block's first key
     for start in range(first, T, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
-        visible = (rows[:, None] < T) & (cols[None, :] < T) & ((cols[None, :] <= rows[:, None]) if CAUSAL else True)
+        visible = causal_visible(rows, cols, T, CAUSAL) & (rows[:, None] < T)
         tau = tl.load(TAU + rows, mask=rows < T, other=0.0)[:, None]
         q1 = load_rows(Q1, sq1t, rows, dims, T, d)
         a, g1 = excess_power(tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau, p, P_MODE)
@@ -156,7 +164,7 @@ def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU,
     end = (m + 1) * BLOCK_M if CAUSAL else T
     for start in range(0, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        visible = (cols[None, :] < T) & ((cols[None, :] <= rows[:, None]) if CAUSAL else True)
+        visible = causal_visible(rows, cols, T, CAUSAL)
         v = load_rows(V, svt, cols, vdims, T, D)
         da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)
         k1 = load_rows(K1, sk1t, cols, dims, T, d)
