@@ -24,6 +24,10 @@ if (SHARED / 'tiktoken_cache').is_dir():
 # one thread, as the scripts run here get (OMP_NUM_THREADS=1): the tests' tensors are tiny, and a second thread on a
 # busy core makes each op wait for it (a 30-token generation took 12 s on 2 threads of a shared machine, 0.07 s on 1)
 torch.set_num_threads(1)
+# without a GPU the Triton kernels (machinery/*_kernel.py, tests/test_kernels.py) run through triton's interpreter,
+# which a kernel reads when it is defined: set before any test module imports one (nothing else here runs triton)
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
 
 
 def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):

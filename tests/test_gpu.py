@@ -138,3 +138,69 @@ def test_resume_on_cuda(tmp_path):
     assert min(resumed) == 6 and max(resumed) == 12
     for i, loss in resumed.items():  # GPU kernels may sum in another order from run to run: not bit-exact
         assert loss == pytest.approx(straight[i], abs=1e-3), (i, loss, straight[i])
+
+
+# the Triton kernels (machinery/*_kernel.py) compiled: (rule settings, T, head size D); per-head σ that differ, T no
+# multiple of the blocks, each head size the kernels take, and the long sequences the benchmarks run
+KERNEL_CASES = [
+    (dict(attention='krause', krause_window=32, krause_topk=16), 1000, 64),
+    (dict(attention='krause', krause_window=256, krause_topk=192), 1000, 64),
+    (dict(attention='krause', krause_window=64, krause_topk=8), 1000, 16),
+    (dict(attention='krause', krause_window=100, krause_topk=60), 1000, 32),
+    (dict(attention='krause', krause_window=256, krause_topk=192), 1000, 128),
+    (dict(attention='krause', krause_window=256, krause_topk=192), 8192, 64),
+    (dict(attention='tda'), 1000, 64),                                   # rows with no survivors among them
+    (dict(attention='tda', tda_beta=0.5, tda_lambda=0.3), 1000, 64),     # more survivors per row
+    (dict(attention='tda', causal=False), 300, 64),                      # the ViT's constant threshold
+    (dict(attention='tda', tda_differential=False, tda_beta=0.5), 1000, 32),
+    (dict(attention='tda', tda_matched=True, tda_beta=0.5), 1000, 64),   # views of D/2 = 32: q, k narrower than v
+    (dict(attention='tda', tda_matched=True, tda_beta=0.5), 1000, 128),
+    (dict(attention='tda', tda_beta=0.5, tda_p=3.0), 1000, 16),
+    (dict(attention='tda', tda_beta=0.5), 4096, 64),
+]
+
+
+def kernel_case_id(case):
+    kw, T, D = case
+    return '-'.join(f'{k}={v}' for k, v in kw.items()) + f'-T={T}-D={D}'
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('case', KERNEL_CASES, ids=kernel_case_id)
+def test_kernel_equals_math_forward_and_backward(case, dtype):
+    """The kernel on float32 or bfloat16 inputs against the math path in float64 on the same (rounded) inputs: the
+    output and every gradient, each error relative to the largest value. bfloat16: the weights enter the value
+    product (and the gradients' products) in bfloat16, as flash's do, so about its rounding (2^-8) is allowed."""
+    from test_kernels import krause_kernel_attend, tda_kernel_attend
+    kw, T, D = case
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    H, B = (2, 1) if T > 1000 else (4, 2)
+    cfg = AttentionConfig(**{**dict(n_embd=H * D, n_head=H, block_size=T), **kw})
+    attn = build_attention(cfg, layer_idx=0).cuda().eval()
+    with torch.no_grad():
+        for name, p in attn.named_parameters():  # per-head parameters differ, so a mix-up of heads shows
+            if p.dim() == 1 and p.numel() == cfg.n_head:
+                p.add_(torch.linspace(-0.3, 0.3, p.numel(), device='cuda'))
+        tensors = [t.to(getattr(torch, dtype)) for t in attn.project(torch.randn(B, T, cfg.n_embd, device='cuda'))]
+    kernel = krause_kernel_attend if kw['attention'] == 'krause' else tda_kernel_attend
+    grad_y = torch.randn(B, H, T, D, device='cuda')
+    with torch.autocast('cuda', torch.bfloat16, enabled=dtype == 'bfloat16'):  # as training runs it
+        result = run(attn, lambda *t: kernel(attn, *t), tensors, grad_y)
+    attn.double()
+    reference = run(attn, attn.attend, [t.double() for t in tensors], grad_y)
+    names = ['y'] + [f'grad input {i}' for i in range(len(tensors))] + \
+        [f'grad {n}' for n, _ in attn.named_parameters() if not any(s in n for s in ('c_attn', 'c_proj', 'gate'))]
+    ambiguous = ambiguous_topk_rows(attn, [t.double() for t in tensors])  # (B, H, T): left out of y only
+    errors = {}
+    for name, r, m in zip(names, result, reference):
+        assert r is not None, f"no {name} from the kernel"
+        r, m = r.double(), m.double()
+        if name == 'y':
+            r, m = (x.masked_fill(ambiguous[..., None], 0) for x in (r, m))
+        errors[name] = ((r - m).abs().max() / m.abs().max().clamp_min(1e-12)).item()
+    print(f"\n{kernel_case_id(case)} {dtype}: {ambiguous.sum().item()} ambiguous top-k rows; max error / max |value| "
+          f"vs float64 math:", {n: f'{e:.1e}' for n, e in errors.items()})
+    tolerance = 1e-3 if dtype == 'float32' else 3e-2
+    for name, error in errors.items():
+        assert error < tolerance, f"kernel {name}: error {error:.2e}"

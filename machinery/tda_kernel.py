@@ -1,0 +1,263 @@
+"""
+TDA's thresholded attention as Triton kernels: y_i = Σ_j (relu(q1_i·k1_j - τ_i)^p - λ relu(q2_i·k2_j - τ_i)^p) v_j
+(j <= i causal, every j otherwise) in one pass over the key blocks, with no softmax statistics: the weights are the
+rectified excesses themselves. Causal key blocks above the diagonal are never visited. The backward recomputes the
+scores (one kernel per key block for dk, dv; one per query block for dq, dτ, dλ), so nothing T×T is kept.
+q, k arrive L2-normalised per view (the rule normalises, autograd flows through that); τ (T,) and λ (a scalar tensor)
+get their gradients; p >= 1 is fixed (p = 1, 2 without a pow).
+"""
+import torch
+
+from machinery.band import cdiv
+from machinery.triton_available import dot_precision, jit, tl, triton
+
+BLOCK_M, BLOCK_N = 64, 64  # queries per program, keys per step
+SKIP_EMPTY_BLOCKS = True   # skip the value product of a key block whose weights are all 0 (every score below τ)
+
+
+@jit
+def excess_power(x, p, P_MODE: tl.constexpr):  # relu(x)^p, and its derivative p·relu(x)^(p-1)
+    positive = x > 0
+    r = tl.where(positive, x, 0.0)
+    if P_MODE == 1:
+        return r, tl.where(positive, 1.0, 0.0)
+    if P_MODE == 2:
+        return r * r, 2.0 * r
+    log_r = tl.log2(tl.where(positive, x, 1.0))
+    return tl.where(positive, tl.exp2(p * log_r), 0.0), tl.where(positive, p * tl.exp2((p - 1.0) * log_r), 0.0)
+
+
+@jit
+def load_rows(ptr, stride_t, rows, cols, T, width):  # (len(rows), len(cols)) of a (T, width) matrix, 0 outside
+    mask = (rows[:, None] < T) & (cols[None, :] < width)
+    return tl.load(ptr + rows[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
+
+
+@jit
+def causal_visible(rows, cols, T, CAUSAL: tl.constexpr):  # (M, N): key j in the sequence, and j <= i if causal
+    visible = (cols[None, :] < T) & (rows[:, None] >= 0)
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None])
+    return visible
+
+
+@jit
+def view_scores(Q, K, sq, sk, rows, cols, dims, T, d, PRECISION: tl.constexpr):  # q·k of one view, (M, N) float32
+    q = load_rows(Q, sq, rows, dims, T, d)
+    k = load_rows(K, sk, cols, dims, T, d)
+    return tl.dot(q, tl.trans(k), input_precision=PRECISION), q, k
+
+
+@jit
+def tda_forward_kernel(Q1, K1, Q2, K2, V, TAU, LAM, Y,
+                       sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
+                       svb, svh, svt, syb, syh, syt, H, T, d, D, p,
+                       TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
+                       SKIP_EMPTY: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr, BLOCK_D: tl.constexpr):
+    m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    Q1, K1, V = Q1 + b * sq1b + h * sq1h, K1 + b * sk1b + h * sk1h, V + b * svb + h * svh
+    Q2, K2 = Q2 + b * sq2b + h * sq2h, K2 + b * sk2b + h * sk2h
+    rows = m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims, vdims = tl.arange(0, BLOCK_d), tl.arange(0, BLOCK_D)
+    tau = tl.load(TAU + rows, mask=rows < T, other=0.0)[:, None]
+    lam = tl.load(LAM) if TWO_VIEWS else 0.0
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    end = (m + 1) * BLOCK_M if CAUSAL else T  # causal: no key block past the diagonal (past T: masked)
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        visible = causal_visible(rows, cols, T, CAUSAL)
+        s1, _, _ = view_scores(Q1, K1, sq1t, sk1t, rows, cols, dims, T, d, PRECISION)
+        a, _ = excess_power(s1 - tau, p, P_MODE)
+        if TWO_VIEWS:
+            s2, _, _ = view_scores(Q2, K2, sq2t, sk2t, rows, cols, dims, T, d, PRECISION)
+            a2, _ = excess_power(s2 - tau, p, P_MODE)
+            a = a - lam * a2
+        a = tl.where(visible, a, 0.0)
+        if SKIP_EMPTY:
+            if tl.max(tl.abs(a)) > 0:
+                v = load_rows(V, svt, cols, vdims, T, D)
+                acc += tl.dot(a.to(v.dtype), v, input_precision=PRECISION)
+        else:
+            v = load_rows(V, svt, cols, vdims, T, D)
+            acc += tl.dot(a.to(v.dtype), v, input_precision=PRECISION)
+    Y = Y + b * syb + h * syh
+    tl.store(Y + rows[:, None] * syt + vdims[None, :], acc, mask=(rows[:, None] < T) & (vdims[None, :] < D))
+
+
+@jit
+def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
+                             sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
+                             svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D, p,
+                             TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
+                             PRECISION: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
+    """One key block: dv_j = Σ_i a_ij dy_i, dk_j = Σ_i ds_ij q_i per view (ds = ∂y/∂s through the weights). The
+    gradients are written contiguous, (B, H, T, d) and (B, H, T, D)."""
+    n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    Q1, K1, V = Q1 + b * sq1b + h * sq1h, K1 + b * sk1b + h * sk1h, V + b * svb + h * svh
+    Q2, K2, DY = Q2 + b * sq2b + h * sq2h, K2 + b * sk2b + h * sk2h, DY + b * sdyb + h * sdyh
+    cols = n * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims, vdims = tl.arange(0, BLOCK_d), tl.arange(0, BLOCK_D)
+    lam = tl.load(LAM) if TWO_VIEWS else 0.0
+    k1 = load_rows(K1, sk1t, cols, dims, T, d)
+    k2 = load_rows(K2, sk2t, cols, dims, T, d) if TWO_VIEWS else k1
+    v = load_rows(V, svt, cols, vdims, T, D)
+    dk1 = tl.zeros((BLOCK_N, BLOCK_d), dtype=tl.float32)
+    dk2 = tl.zeros((BLOCK_N, BLOCK_d), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    first = (n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0  # causal: queries at or after the block's first key
+    for start in range(first, T, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        visible = causal_visible(rows, cols, T, CAUSAL) & (rows[:, None] < T)
+        tau = tl.load(TAU + rows, mask=rows < T, other=0.0)[:, None]
+        q1 = load_rows(Q1, sq1t, rows, dims, T, d)
+        a, g1 = excess_power(tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau, p, P_MODE)
+        dy = load_rows(DY, sdyt, rows, vdims, T, D)
+        da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)          # ∂y/∂a_ij = dy_i·v_j, (M, N)
+        ds1 = tl.where(visible, da * g1, 0.0)
+        dk1 += tl.dot(tl.trans(ds1).to(q1.dtype), q1, input_precision=PRECISION)
+        if TWO_VIEWS:
+            q2 = load_rows(Q2, sq2t, rows, dims, T, d)
+            a2, g2 = excess_power(tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau, p, P_MODE)
+            a = a - lam * a2
+            ds2 = tl.where(visible, -lam * da * g2, 0.0)
+            dk2 += tl.dot(tl.trans(ds2).to(q2.dtype), q2, input_precision=PRECISION)
+        a = tl.where(visible, a, 0.0)
+        dv += tl.dot(tl.trans(a).to(dy.dtype), dy, input_precision=PRECISION)
+    out = bh * T * d + cols[:, None] * d + dims[None, :]
+    mask = (cols[:, None] < T) & (dims[None, :] < d)
+    tl.store(DK1 + out, dk1, mask=mask)
+    if TWO_VIEWS:
+        tl.store(DK2 + out, dk2, mask=mask)
+    tl.store(DV + bh * T * D + cols[:, None] * D + vdims[None, :], dv, mask=(cols[:, None] < T) & (vdims[None, :] < D))
+
+
+@jit
+def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU, DLAM,
+                                sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
+                                svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D, p,
+                                TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
+                                PRECISION: tl.constexpr,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr,
+                                BLOCK_D: tl.constexpr):
+    """One query block: dq_i = Σ_j ds_ij k_j per view, dτ_i = -Σ_j (ds1_ij + ds2_ij), and row i's share of
+    dλ = -Σ_ij dy_i·v_j relu(s2_ij - τ_i)^p, per (batch, head) (summed over them outside)."""
+    m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    Q1, K1, V = Q1 + b * sq1b + h * sq1h, K1 + b * sk1b + h * sk1h, V + b * svb + h * svh
+    Q2, K2, DY = Q2 + b * sq2b + h * sq2h, K2 + b * sk2b + h * sk2h, DY + b * sdyb + h * sdyh
+    rows = m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims, vdims = tl.arange(0, BLOCK_d), tl.arange(0, BLOCK_D)
+    tau = tl.load(TAU + rows, mask=rows < T, other=0.0)[:, None]
+    lam = tl.load(LAM) if TWO_VIEWS else 0.0
+    q1 = load_rows(Q1, sq1t, rows, dims, T, d)
+    q2 = load_rows(Q2, sq2t, rows, dims, T, d) if TWO_VIEWS else q1
+    dy = load_rows(DY, sdyt, rows, vdims, T, D)
+    dq1 = tl.zeros((BLOCK_M, BLOCK_d), dtype=tl.float32)
+    dq2 = tl.zeros((BLOCK_M, BLOCK_d), dtype=tl.float32)
+    dtau = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    dlam = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    end = (m + 1) * BLOCK_M if CAUSAL else T
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        visible = causal_visible(rows, cols, T, CAUSAL)
+        v = load_rows(V, svt, cols, vdims, T, D)
+        da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)
+        k1 = load_rows(K1, sk1t, cols, dims, T, d)
+        _, g1 = excess_power(tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau, p, P_MODE)
+        ds1 = tl.where(visible, da * g1, 0.0)
+        dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PRECISION)
+        dtau -= tl.sum(ds1, 1)
+        if TWO_VIEWS:
+            k2 = load_rows(K2, sk2t, cols, dims, T, d)
+            a2, g2 = excess_power(tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau, p, P_MODE)
+            ds2 = tl.where(visible, -lam * da * g2, 0.0)
+            dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PRECISION)
+            dtau -= tl.sum(ds2, 1)
+            dlam -= tl.sum(tl.where(visible, da * a2, 0.0), 1)
+    out = bh * T * d + rows[:, None] * d + dims[None, :]
+    mask = (rows[:, None] < T) & (dims[None, :] < d)
+    tl.store(DQ1 + out, dq1, mask=mask)
+    tl.store(DTAU + bh * T + rows, dtau, mask=rows < T)
+    if TWO_VIEWS:
+        tl.store(DQ2 + out, dq2, mask=mask)
+        tl.store(DLAM + bh * T + rows, dlam, mask=rows < T)
+
+
+def bh_t_strides(x):  # (B, H, T, n) with unit last stride -> its (batch, head, position) strides
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def unit_last_stride(x):  # a view of the halves of q keeps its unit channel stride; anything else is copied
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def power_mode(p):  # p = 1, 2 without exp2/log2
+    return int(p) if p in (1, 2) else 0
+
+
+class TDAKernel(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q1, k1, q2, k2, v, tau, lam, p, causal):
+        two_views = q2 is not None
+        q1, k1, v = unit_last_stride(q1), unit_last_stride(k1), unit_last_stride(v)
+        q2, k2 = (unit_last_stride(q2), unit_last_stride(k2)) if two_views else (q1, k1)
+        tau32 = tau.detach().float().contiguous()
+        lam32 = (lam.detach().float() if two_views else tau32.new_zeros(())).reshape(1)
+        B, H, T, D = v.shape
+        y = torch.empty_like(v, memory_format=torch.contiguous_format)
+        args = launch_args(q1, k1, q2, k2, v, tau32, lam32, p, two_views, causal)
+        tda_forward_kernel[(cdiv(T, BLOCK_M), B * H)](
+            *args['tensors'], y, *args['strides'], *bh_t_strides(y), *args['sizes'], **args['flags'],
+            SKIP_EMPTY=SKIP_EMPTY_BLOCKS)
+        ctx.save_for_backward(q1, k1, q2, k2, v, tau32, lam32)
+        ctx.p, ctx.causal, ctx.two_views, ctx.tau_dtype = p, causal, two_views, tau.dtype
+        ctx.lam_shape = lam.shape if two_views else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        q1, k1, q2, k2, v, tau32, lam32 = ctx.saved_tensors
+        dy = unit_last_stride(dy)
+        B, H, T, D = v.shape
+        d = q1.size(-1)
+        args = launch_args(q1, k1, q2, k2, v, tau32, lam32, ctx.p, ctx.two_views, ctx.causal)
+        new = lambda width, dtype=v.dtype: torch.empty(B, H, T, width, dtype=dtype, device=v.device)
+        dk1, dk2, dv, dq1, dq2 = new(d), new(d), new(D), new(d), new(d)
+        dtau = torch.empty(B * H, T, dtype=torch.float32, device=v.device)
+        dlam = torch.empty(B * H, T, dtype=torch.float32, device=v.device)
+        tda_backward_keys_kernel[(cdiv(T, BLOCK_N), B * H)](
+            *args['tensors'], dy, dk1, dk2, dv, *args['strides'], *bh_t_strides(dy), *args['sizes'], **args['flags'])
+        tda_backward_queries_kernel[(cdiv(T, BLOCK_M), B * H)](
+            *args['tensors'], dy, dq1, dq2, dtau, dlam, *args['strides'], *bh_t_strides(dy), *args['sizes'],
+            **args['flags'])
+        dtau = dtau.sum(0).to(ctx.tau_dtype)
+        if not ctx.two_views:
+            return dq1, dk1, None, None, dv, dtau, None, None, None
+        return dq1, dk1, dq2, dk2, dv, dtau, dlam.sum().reshape(ctx.lam_shape), None, None
+
+
+def launch_args(q1, k1, q2, k2, v, tau32, lam32, p, two_views, causal):
+    """What the three kernels share: the inputs, their strides, the sizes and the compile-time flags."""
+    T, d, D = v.size(2), q1.size(-1), v.size(-1)
+    return dict(tensors=(q1, k1, q2, k2, v, tau32, lam32),
+                strides=(*bh_t_strides(q1), *bh_t_strides(k1), *bh_t_strides(q2), *bh_t_strides(k2),
+                         *bh_t_strides(v)),
+                sizes=(v.size(1), T, d, D, float(p)),
+                flags=dict(TWO_VIEWS=two_views, CAUSAL=causal, P_MODE=power_mode(p),
+                           PRECISION=dot_precision(v.dtype), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                           BLOCK_d=max(16, triton.next_power_of_2(d)), BLOCK_D=max(16, triton.next_power_of_2(D))))
+
+
+def tda_attention(q1, k1, q2, k2, v, tau, lam, p=2.0, causal=True):
+    """Σ_j (relu(q1_i·k1_j - τ_i)^p - λ relu(q2_i·k2_j - τ_i)^p) v_j, (B, H, T, D): q1, k1, q2, k2 (B, H, T, d)
+    L2-normalised (q2, k2, lam None: one view, TRA), v (B, H, T, D), tau (T,), lam a scalar tensor, p >= 1.
+    Causal: key j <= i; else every key. Gradients of every tensor argument."""
+    if q2 is not None:
+        q2, k2 = q2.to(v.dtype), k2.to(v.dtype)
+    return TDAKernel.apply(q1.to(v.dtype), k1.to(v.dtype), q2, k2, v, tau, lam, p, causal)

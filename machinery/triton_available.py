@@ -1,0 +1,58 @@
+"""
+Whether the Triton kernels (machinery/*_kernel.py) can run on a tensor's device: CUDA with triton importable, or the
+CPU through triton's interpreter (TRITON_INTERPRET=1, set before the kernels are defined: the tests). Without triton
+the kernel files still import (their kernels are then plain functions never launched) and the rules take the paths
+they had.
+"""
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # an optional extra (requirements-extras.txt)
+    triton = None
+
+    class tl:  # what the kernels' signatures name, so that their files import without triton
+        constexpr = None
+
+
+def patch_interpreter_scalars():
+    """numpy >= 2.4 refuses int() of a one-element array, which is how triton 3.6's interpreter holds a scalar (a
+    loop bound such as T): its index is taken from the element instead. The compiled path is untouched."""
+    from triton.runtime import interpreter
+    if not hasattr(interpreter, '_patch_lang_tensor'):  # another triton: nothing to patch
+        return
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, '__index__', lambda self: int(self.handle.data.reshape(-1)[0]))
+    interpreter._patch_lang_tensor = patched
+
+
+if triton is not None:
+    patch_interpreter_scalars()
+
+
+def jit(fn):
+    return triton.jit(fn) if triton is not None else fn
+
+
+def interpreted():
+    return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
+
+
+def triton_runs_on(device):
+    """True where a kernel can launch on `device` (a torch.device or a tensor's): CUDA compiled, or the CPU under the
+    interpreter."""
+    device = torch.device(device)
+    if triton is None:
+        return False
+    return device.type == 'cpu' if interpreted() else device.type == 'cuda'
+
+
+def dot_precision(dtype):
+    """tl.dot's input precision: float32 as float32 (not TF32, which rounds the scores a kernel selects on)."""
+    return 'ieee' if dtype == torch.float32 else 'tf32'
