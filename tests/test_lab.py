@@ -109,13 +109,13 @@ def test_a_cell_of_two_seeds_is_the_mean_and_half_the_range(monkeypatch):
 # the papers' tables (--table): equal terms, each cell's parameters and FLOPs, seeds and what holds
 
 
-def tiny_text_table(tmp_path, name, rules):
+def tiny_text_table(tmp_path, name, row_names):
     """(out_root, table.json's rows, the output) of table `name`'s text system at the tiny budget, on a text the test
     writes."""
     source = tmp_path / 'input.txt'
     source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', f'--table={name}', '--systems=text', f'--rules={rules}', '--budget=tiny',
+    out = run_script('studies/ablate.py', f'--table={name}', '--systems=text', f'--rules={row_names}', '--budget=tiny',
                      f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
     return lab, json.loads((lab / name / 'table.json').read_text())['rows'], out
 
@@ -171,7 +171,6 @@ def test_the_flops_counted_for_softmax_equal_its_closed_form():
 def test_a_paper_table_marks_a_difference_beyond_twice_the_combined_spread(monkeypatch):
     monkeypatch.setattr(sys, 'argv', ['ablate.py'])
     from studies import ablate
-    monkeypatch.setattr(ablate, 'table', 'krause_lm')  # its text system: val loss, parameters, FLOPs
     run = lambda loss: {'metrics': {'val_loss': loss, 'params': 801664, 'flops_counted': 4096.0,
                                     'flops_ideal': 2112.0}, 'train_wall_s': 9.0, 'score_wall_s': 1.0, 'rate': 100.0,
                         'rate_unit': 'tok/s'}
@@ -182,14 +181,14 @@ def test_a_paper_table_marks_a_difference_beyond_twice_the_combined_spread(monke
              'topk': cell(1.0, 1.2, 1.4),      # 1.2 ± 0.2: |1.2 - 1.1| = 0.1 < 2·sqrt(0.1² + 0.2²) = 0.45
              'routing': cell(1.5, 1.6, 1.7),   # 1.6 ± 0.1: higher beyond noise
              'krause': cell(1.05)}             # one seed: no spread to compare with
-    metrics, first = ablate.table_metrics('text'), cells['softmax']['text']
+    metrics, first = ablate.table_metrics(ablate.TABLES['krause_lm'], 'text', []), cells['softmax']['text']  # val loss
     line = lambda row: ablate.table_line(row, cells[row]['text'], first, metrics)
     assert line('softmax') == '| softmax | `--attention=x` | 1.1000 ± 0.1000 | 801,664 | 4.1k · 2.11k | 10 s, 100 tok/s |'
     assert line('window').startswith('| window | `--attention=x` | 0.6000 ± 0.1000* | 801,664 |')
     assert line('topk').startswith('| topk | `--attention=x` | 1.2000 ± 0.2000 | 801,664 |')
     assert line('routing').startswith('| routing | `--attention=x` | 1.6000 ± 0.1000* |')
     assert line('krause').startswith('| krause | `--attention=x` | 1.0500 | 801,664 |')
-    assert ablate.holds('text', list(cells), cells, 'val_loss', 'val loss') == (
+    assert ablate.holds('text', list(cells), cells, metrics[0]) == (
         "**text**, val loss (lower is better), against softmax: lower beyond noise: window; higher beyond noise: "
         "routing; within noise: topk; one seed, not told from noise: krause.")
     failed = {'status': 'failed', 'own': '--attention=x', 'why': 'error: a | b'}
