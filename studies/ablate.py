@@ -20,8 +20,8 @@ The papers' tables (TABLES, --table=NAME): each seed paper's comparison, its row
 on equal terms: between two rows of a system only the rule differs (one position encoding, RoPE for the language
 models; one shape, one recipe, one data order per seed). --rules and --systems pick among the table's own; a row it
 does not have is an error before any run. At the paper budget each table runs its paper's recipe (TABLES says where
-it departs). Three seeds by default at cpu (one at tiny and paper; --seeds for others). Each cell: mean ± half the
-range over the seeds (a paper's table: ± the sample standard deviation, ddof=1). A paper's table adds the run's parameter count (every
+it departs). Three seeds by default at cpu (one at tiny and paper; --seeds for others). Each cell, of either table:
+mean ± sample standard deviation (ddof=1) over the seeds. A paper's table adds the run's parameter count (every
 parameter of the model, its own get_num_params(non_embedding=False)) and attention FLOPs per token and layer,
 counted on the path that ran and the rule's ideal (support/flops.py). A row whose mean differs from the system's
 first row's by more than twice the combined spread, |m - m₀| > 2·sqrt(s² + s₀²), is marked `*` (one seed: nothing
@@ -76,7 +76,7 @@ budget = 'cpu'              # a name in systems.BUDGETS: 'tiny', 'cpu' or 'paper
 table = ''                  # a name in TABLES (a paper's comparison); '' = every rule on every system
 systems = 'recall,text,passkey,vit,pixels,shortcut'  # names in SYSTEMS, the table's columns (a table: its own)
 rules = ''                  # names in every_rule_rows(), the table's rows; '' = every row (a table: its own)
-seeds = '1337'              # a run per seed; cells: mean ± half the range (a table: 1337,1338,1339 at cpu; ± sd)
+seeds = '1337'              # a run per seed; cells show mean ± sample sd (a table: 1337,1338,1339 at cpu)
 out_root = 'lab'            # the runs (a folder per run) and the table
 train = True                # train the runs that are missing; False: only tabulate what is there
 recipe = ''                 # more train.py arguments for every run, after the budget's (e.g. "--dtype=float32")
@@ -521,14 +521,8 @@ def run_cells(lab, cells, todo):
 
 
 # -----------------------------------------------------------------------------
-# the tables: a cell per row and system, the mean ± half the range over seeds (a paper's table: ± the sample sd)
+# the tables: a cell per row and system, the mean ± the sample standard deviation over seeds
 STATISTIC = "mean ± sample standard deviation (ddof=1) over the seeds"
-
-
-def spread(values, digits):
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{np.mean(values):.{digits}f} ± {(max(values) - min(values)) / 2:.{digits}f}"
 
 
 def mean_sd(values):
@@ -562,8 +556,7 @@ def cell_text(cell, system):
     """A cell of the every-rule table.md: its metrics (joined as its system says), then wall time and speed."""
     if cell['status'] != 'ok':
         return cell['why'].replace('|', '/')
-    numbers = [spread([r['metrics'][m.key] for r in cell['seeds'].values()], m.digits)
-               for m in SYSTEMS[system].metrics]
+    numbers = [measured_text(values_of(cell, m.key), m.digits) for m in SYSTEMS[system].metrics]
     return f"{SYSTEMS[system].cell_join.join(numbers)}<br>{wall_text(list(cell['seeds'].values()))}"
 
 
@@ -674,7 +667,8 @@ def every_row(lab, system):
 
 def markdown(lab, head, cells):
     """table.md of the every-rule table: each system's line, then a row per rule."""
-    lines = [f"Budget `{head['budget']}`; {head_line(head)}", '']
+    lines = [f"Budget `{head['budget']}`; {head_line(head)}", '', f"Each cell: {STATISTIC}; then the runs' mean wall "
+             "time (training and scoring) and median training speed.", '']
     lines += [f"- **{s}**: {SYSTEMS[s].about}. `{SYSTEMS[s].args[lab.budget] or '(train.py defaults)'}`"
               for s in lab.systems]
     lines += ['', '| rule | ' + ' | '.join(f"{s}: {', '.join(m.label for m in SYSTEMS[s].metrics)}"

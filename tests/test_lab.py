@@ -93,13 +93,13 @@ def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp
     assert out.strip().splitlines()[-1].startswith('error: 2 cell(s) failed (recall krause, vit krause)')
 
 
-def test_a_cell_of_two_seeds_is_the_mean_and_half_the_range(monkeypatch):
+def test_a_cell_of_two_seeds_is_the_mean_and_the_sample_standard_deviation(monkeypatch):
     monkeypatch.setattr(sys, 'argv', ['ablate.py'])
     from studies import ablate
     run = lambda acc, wall: {'metrics': {'val_acc': acc}, 'train_wall_s': wall, 'score_wall_s': 1.0, 'rate': 100.0,
                              'rate_unit': 'tok/s'}
     cell = {'status': 'ok', 'seeds': {'1337': run(0.4, 9.0), '1338': run(0.6, 19.0)}}
-    assert ablate.cell_text(cell, 'recall') == '0.5000 ± 0.1000<br>15 s, 100 tok/s'
+    assert ablate.cell_text(cell, 'recall') == '0.5000 ± 0.1414<br>15 s, 100 tok/s'  # sqrt(2 · 0.1² / 1), ddof=1
     passkey = {'status': 'ok', 'seeds': {'1': {**run(0, 1.0), 'metrics': {'acc_1x': 1.0, 'acc_2x': 0.5, 'acc_4x': 0.0}}}}
     assert ablate.cell_text(passkey, 'passkey') == '1.000 / 0.500 / 0.000<br>2 s, 100 tok/s'
     assert ablate.cell_text({'status': 'n/a', 'why': 'n/a: a | b'}, 'vit') == 'n/a: a / b'  # a table cell stays one
