@@ -3,7 +3,7 @@ The lab's table: every attention rule on every system, trained and scored at one
 seed paper's comparison (--table=NAME), its rows on equal terms, with one command.
 
 $ python studies/ablate.py --budget=cpu --text_source=input.txt --cifar_source=DIR    # the whole table on a CPU
-$ python studies/ablate.py --budget=tiny --systems=recall,passkey --rules=softmax,krause  # seconds a run
+$ python studies/ablate.py --budget=tiny --systems=recall,passkey --rows=softmax,krause  # seconds a run
 
 The lab is data: the systems (the columns) in studies/systems.py, each one System: its train.py arguments at each
 budget (tiny: seconds a run, the tests; cpu: the whole table in under two hours on 2 cores; paper: the seed papers'
@@ -18,7 +18,7 @@ share, the paper's recipe).
 
 The papers' tables (TABLES, --table=NAME): each seed paper's comparison, its rows and systems as the paper has them,
 on equal terms: between two rows of a system only the rule differs (one position encoding, RoPE for the language
-models; one shape, one recipe, one data order per seed). --rules and --systems pick among the table's own; a row it
+models; one shape, one recipe, one data order per seed). --rows and --systems pick among the table's own; a row it
 does not have is an error before any run. At the paper budget each table runs its paper's recipe (TABLES says where
 it departs). Three seeds by default at cpu (one at tiny and paper; --seeds for others). Each cell, of either table:
 mean ± sample standard deviation (ddof=1) over the seeds. A paper's table adds the run's parameter count (every
@@ -34,7 +34,7 @@ $ python studies/ablate.py --table=krause_images --cifar_source=C10    # pixel m
 $ python studies/ablate.py --table=krause_llm --text_source=input.txt  # LoRA alone, LoRA + Krause shortcut
 $ python studies/ablate.py --table=attentionx --text_source=input.txt --cifar_source=C10 --cifar100_source=C100
 $ python studies/ablate.py --table=cluster --text_source=input.txt --cifar_source=C10  # trained, and swapped in
-$ python studies/ablate.py --table=tda --budget=tiny --rules=softmax,tda --text_source=input.txt   # seconds a run
+$ python studies/ablate.py --table=tda --budget=tiny --rows=softmax,tda --text_source=input.txt   # seconds a run
 At the paper budget the language models' cells add the paper's zero-shot tasks, and the tda table's long system
 SCROLLS, each a column (studies/harness.py on the run: lm-eval, an extra; the hub's data, or --harness_args naming
 local files); --tasks=NAMES scores named tasks at any budget, on a GPT-2 BPE model (--recipe=--dataset=shakespeare).
@@ -75,10 +75,10 @@ from support.checks import check_int_list, check_or_exit, script_settings
 budget = 'cpu'              # a name in systems.BUDGETS: 'tiny', 'cpu' or 'paper'
 table = ''                  # a name in TABLES (a paper's comparison); '' = every rule on every system
 systems = 'recall,text,passkey,vit,pixels,shortcut'  # names in SYSTEMS, the table's columns (a table: its own)
-rules = ''                  # names in every_rule_rows(), the table's rows; '' = every row (a table: its own)
+rows = ''                   # the table's rows by name (rules, mix, window); '' = every row (a table: its own)
 seeds = '1337'              # a run per seed; cells show mean ± sample sd (a table: 1337,1338,1339 at cpu)
 out_root = 'lab'            # the runs (a folder per run) and the table
-train = True                # train the runs that are missing; False: only tabulate what is there
+train_missing = True        # train the runs that are missing; False: only tabulate what is there
 recipe = ''                 # more train.py arguments for every run, after the budget's (e.g. "--dtype=float32")
 text_source = ''            # the text and shortcut systems' data instead of the download (train.py --data_source)
 cifar_source = ''           # the vit and pixels systems' CIFAR-10 (a folder with train/test.parquet)
@@ -168,12 +168,12 @@ def picked(key, text, valid, where=''):
 
 
 def table_picks(c, given, name):
-    """(rows, systems, seeds text) of table `name`: its own systems and rows, in its order; --systems and --rules pick
+    """(rows, systems, seeds text) of table `name`: its own systems and rows, in its order; --systems and --rows pick
     among them, --seeds where given."""
     spec, where = TABLES[name].systems, f" (not in table {name})"
     system_names = picked('systems', c['systems'] if 'systems' in given else ','.join(spec), list(spec), where)
     own = list(dict.fromkeys(row for s in system_names for row in spec[s].rows))
-    row_names = [row for row in own if row in picked('rules', c['rules'] or ','.join(own), own, where)]
+    row_names = [row for row in own if row in picked('rows', c['rows'] or ','.join(own), own, where)]
     system_names = [s for s in system_names if set(spec[s].rows) & set(row_names)]  # with a row picked
     return row_names, system_names, c['seeds'] if 'seeds' in given else '1337,1338,1339' if c['budget'] == 'cpu' \
         else '1337'
@@ -183,7 +183,7 @@ def every_rule_picks(c):
     """(rows, systems, seeds text) of the every-rule table."""
     columns = [name for name, system in SYSTEMS.items() if system.column]
     system_names, every = picked('systems', c['systems'], columns), list(every_rule_rows())
-    return picked('rules', c['rules'] or ','.join(every), every), system_names, c['seeds']
+    return picked('rows', c['rows'] or ','.join(every), every), system_names, c['seeds']
 
 
 def check_the_rest(c, name, system_names):
@@ -227,7 +227,7 @@ def lab_settings(c, given=()):
         rows_of = {s: row_names for s in system_names}
         arguments_of = {s: {r: row_arguments(every[r], s) for r in row_names} for s in system_names}
     return Lab(c['budget'], name, spec, system_names, row_names, rows_of, arguments_of, seed_list, c['out_root'],
-               c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train'])
+               c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train_missing'])
 
 
 # -----------------------------------------------------------------------------
@@ -461,7 +461,7 @@ def cell_run(lab, run):
         with open(path) as f:
             return json.load(f)
     if not lab.train_missing:
-        return {'not_run': 'not run yet: pass --train=True'}
+        return {'not_run': 'not run yet: pass --train_missing=True'}
     failed = train_run(lab, run)
     if failed:
         return failed
@@ -719,7 +719,7 @@ def plots(lab, cells):
             path = os.path.join(lab.folder, f"{system}_{metric.key}.png")
             write_or_exit(path, lambda tmp: fig.savefig(tmp, dpi=80, format='png'),
                           f"the runs, table.md and table.json are kept in {lab.folder}",
-                          "free space, then run again with --train=False")
+                          "free space, then run again with --train_missing=False")
             plt.close(fig)
             written.append(path)
     return written
@@ -731,7 +731,7 @@ def write_tables(lab, cells):
     text = table_markdown(lab, head, cells) if lab.table else markdown(lab, head, cells)
     print('\n' + text)
     kept = f"the runs are kept in {lab.folder} and the table is printed above"
-    todo = "free space (or fix the folder's permissions), then run again with --train=False to write them"
+    todo = "free space (or fix the folder's permissions), then run again with --train_missing=False to write them"
     write_or_exit(os.path.join(lab.folder, 'table.md'), lambda tmp: write_text(tmp, text), kept, todo)
     record = {**head, 'systems': {s: {'metric': SYSTEMS[s].about, 'budget_args': system_args(lab, s),
                                       **({'shared': lab.table.systems[s].shared} if lab.table else {})}

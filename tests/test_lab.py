@@ -21,7 +21,7 @@ import torch
 from conftest import ROOT, SHARED, needs_shared, readme_rule_source, run_forked, run_script
 from model import GPT, GPTConfig
 
-TINY = ['--budget=tiny', '--systems=recall,passkey', '--rules=softmax,krause']
+TINY = ['--budget=tiny', '--systems=recall,passkey', '--rows=softmax,krause']
 
 
 def metrics(out_root):
@@ -79,7 +79,7 @@ def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp
     shutil.copy(ROOT / 'tests' / 'faults.py', repo / 'tests')
     out_root = tmp_path / 'lab'
     (_, out), = run_forked({'argv': ['studies/ablate.py', '--budget=tiny', '--systems=recall,vit',
-                                     '--rules=uniform,krause', '--recipe=--krause_topk=0', f'--out_root={out_root}']},
+                                     '--rows=uniform,krause', '--recipe=--krause_topk=0', f'--out_root={out_root}']},
                            root=repo)
     cells, table = metrics(out_root)
     assert 0.0 <= cells[('uniform', 'recall')]['1337']['val_acc'] <= 1.0, out
@@ -115,7 +115,7 @@ def tiny_text_table(tmp_path, name, row_names):
     source = tmp_path / 'input.txt'
     source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', f'--table={name}', '--systems=text', f'--rules={row_names}', '--budget=tiny',
+    out = run_script('studies/ablate.py', f'--table={name}', '--systems=text', f'--rows={row_names}', '--budget=tiny',
                      f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
     return lab, json.loads((lab / name / 'table.json').read_text())['rows'], out
 
@@ -200,10 +200,10 @@ def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_r
     cases = [(['--table=nope'], "error: table='nope' is not a table; pass --table=NAME, one of tda, krause_lm, "
                                 "krause_vision, krause_images, krause_llm, attentionx, cluster, or leave it out for "
                                 "every rule on every system"),
-             (['--table=tda', '--rules=softmax,window'], "error: rules: unknown name(s) window (not in table tda); "
-              "pass e.g. --rules=softmax,gated (valid: softmax, gated, entmax, rela, diff, dex, tda, tda_matched, tra)"),
-             (['--table=attentionx', '--systems=vit', '--rules=softmax'], "error: rules: unknown name(s) softmax (not "
-              "in table attentionx); pass e.g. --rules=lsa,attentionx (valid: lsa, attentionx)"),
+             (['--table=tda', '--rows=softmax,window'], "error: rows: unknown name(s) window (not in table tda); "
+              "pass e.g. --rows=softmax,gated (valid: softmax, gated, entmax, rela, diff, dex, tda, tda_matched, tra)"),
+             (['--table=attentionx', '--systems=vit', '--rows=softmax'], "error: rows: unknown name(s) softmax (not "
+              "in table attentionx); pass e.g. --rows=lsa,attentionx (valid: lsa, attentionx)"),
              (['--table=tda', '--systems=vit'], "error: systems: unknown name(s) vit (not in table tda); pass e.g. "
                                                 "--systems=text,long (valid: text, long)"),
              (['--tasks=hellaswag'], "error: tasks=hellaswag scores a table's language models, and no table is picked; "
@@ -245,7 +245,7 @@ def test_the_long_system_extends_its_base_to_four_times_its_length_with_ntk_rope
     """The tda table's long system: a base trained on passkeys of 1, 2 and 4 needles at T, then from its checkpoint
     at 4T with NTK-scaled RoPE; its cell is extrapolate.py's whole-passkey accuracy at 4T per needle count."""
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=tda', '--systems=long', '--rules=softmax', '--budget=tiny',
+    out = run_script('studies/ablate.py', '--table=tda', '--systems=long', '--rows=softmax', '--budget=tiny',
                      f'--out_root={lab}')
     table = json.loads((lab / 'tda' / 'table.json').read_text())
     assert table['rows']['softmax']['long']['status'] == 'ok', out
@@ -278,7 +278,7 @@ def test_a_tables_zero_shot_task_is_a_column_scored_by_the_harness(tmp_path):
     source.write_text((SHARED / 'tinyshakespeare' / 'input.txt').read_text()[:20000])
     rows.write_text(''.join((SHARED / 'hellaswag' / 'hellaswag_val_1000.jsonl').read_text().splitlines(True)[:6]))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rules=softmax', '--budget=tiny',
+    out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rows=softmax', '--budget=tiny',
                      f'--text_source={source}', f'--out_root={lab}', '--tasks=hellaswag_nanogpt',
                      f'--recipe=--dataset=shakespeare --block_size=256 --data_dir={tmp_path / "bpe"}',  # uncropped
                      f'--harness_args=--hellaswag_source={rows}')
