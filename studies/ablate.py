@@ -95,7 +95,7 @@ SOURCES = ('text_source', 'cifar_source', 'cifar100_source')  # the settings a S
 class Lab:
     """The checked settings, what every function below is given: what runs, where, and how."""
     budget: str
-    table_name: str         # '' : every rule on every system
+    table_name: str         # '': every rule on every system
     table: Table | None     # TABLES[table_name]
     systems: list           # the columns picked
     rows: list              # the rows picked, in order
