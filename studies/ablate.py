@@ -3,25 +3,30 @@ The lab's table: every attention rule on every system, trained and scored at one
 seed paper's comparison (--table=NAME), its rows on equal terms, with one command.
 
 $ python studies/ablate.py --budget=cpu --text_source=input.txt --cifar_source=DIR    # the whole table on a CPU
-$ python studies/ablate.py --budget=tiny --systems=recall,passkey --rules=softmax,krause  # seconds a run
+$ python studies/ablate.py --budget=tiny --systems=recall,passkey --rows=softmax,krause  # seconds a run
 
-Rows (ROWS): every rule in attention.ATTENTION with its official settings per system (a rule registered there and
-not named in ROWS runs with its defaults), the mix form (Krause beside softmax) and the sliding-window softmax
-baseline. Columns (SYSTEMS): the systems, each scored with the metric its paper reports. A budget (BUDGETS) is each
-system's train.py arguments: tiny (seconds a run: the tests), cpu (the whole table in under two hours on 2 cores),
-paper (the seed papers' configs: a GPU's job). --recipe adds train.py arguments to every run.
+The lab is data: the systems (the columns) in studies/systems.py, each one System: its train.py arguments at each
+budget (tiny: seconds a run, the tests; cpu: the whole table in under two hours on 2 cores; paper: the seed papers'
+configs, a GPU's job), the metric its paper reports and which way is better, how a run is scored, its data and the
+run it starts from. The rows in studies/tables.py: ROWS, every rule in attention.ATTENTION with its official settings
+per system (a rule registered there and not named in ROWS runs with its defaults), the mix form (Krause beside
+softmax) and the sliding-window softmax baseline; and TABLES, the papers' tables. --recipe adds train.py arguments
+to every run. Adding a system: one System in SYSTEMS (its arguments per budget, its metrics; `passkeys` where it is
+scored on fresh passkeys, `full_keys` where train.py's full evaluation has its number; a row's own arguments in ROWS
+where a rule needs them). Adding a table: one Table in TABLES (a TableSystem per system: its rows, the settings they
+share, the paper's recipe).
 
 The papers' tables (TABLES, --table=NAME): each seed paper's comparison, its rows and systems as the paper has them,
 on equal terms: between two rows of a system only the rule differs (one position encoding, RoPE for the language
-models; one shape, one recipe, one data order per seed). --rules and --systems pick among the table's own; a rule
-it has no row for is an error before any run. At the paper budget each table runs its paper's recipe (TABLES says
-where it departs). Three seeds by default at cpu (one at tiny and paper; --seeds for others). Each cell: mean ±
-sample standard deviation (ddof=1) over the seeds, the run's parameter count (every parameter of the model, its own
-get_num_params(non_embedding=False)) and attention FLOPs per token and layer, counted on the path that ran and the
-rule's ideal (support/flops.py). A row whose mean differs from the system's first row's by more than twice the
-combined spread, |m - m₀| > 2·sqrt(s² + s₀²), is marked `*` (one seed: nothing is marked), and a line under each
-system's table says which rows differ beyond noise, and which way. One command per table (the cpu budget, the
-default; --budget=tiny or paper for the others):
+models; one shape, one recipe, one data order per seed). --rows and --systems pick among the table's own; a row it
+does not have is an error before any run. At the paper budget each table runs its paper's recipe (TABLES says where
+it departs). Three seeds by default at cpu (one at tiny and paper; --seeds for others). Each cell, of either table:
+mean ± sample standard deviation (ddof=1) over the seeds. A paper's table adds the run's parameter count (every
+parameter of the model, its own get_num_params(non_embedding=False)) and attention FLOPs per token and layer,
+counted on the path that ran and the rule's ideal (support/flops.py). A row whose mean differs from the system's
+first row's by more than twice the combined spread, |m - m₀| > 2·sqrt(s² + s₀²), is marked `*` (one seed: nothing
+is marked), and a line under each system's table says which rows differ beyond noise, and which way. One command
+per table (the cpu budget, the default; --budget=tiny or paper for the others):
 $ python studies/ablate.py --table=tda --text_source=input.txt        # val loss, zeros, sink ratio; passkeys at 4x
 $ python studies/ablate.py --table=krause_lm --text_source=input.txt   # standard, window .. krause (mix)
 $ python studies/ablate.py --table=krause_vision --cifar_source=C10 --cifar100_source=C100  # ViT top-1
@@ -29,7 +34,7 @@ $ python studies/ablate.py --table=krause_images --cifar_source=C10    # pixel m
 $ python studies/ablate.py --table=krause_llm --text_source=input.txt  # LoRA alone, LoRA + Krause shortcut
 $ python studies/ablate.py --table=attentionx --text_source=input.txt --cifar_source=C10 --cifar100_source=C100
 $ python studies/ablate.py --table=cluster --text_source=input.txt --cifar_source=C10  # trained, and swapped in
-$ python studies/ablate.py --table=tda --budget=tiny --rules=softmax,tda --text_source=input.txt   # seconds a run
+$ python studies/ablate.py --table=tda --budget=tiny --rows=softmax,tda --text_source=input.txt   # seconds a run
 At the paper budget the language models' cells add the paper's zero-shot tasks, and the tda table's long system
 SCROLLS, each a column (studies/harness.py on the run: lm-eval, an extra; the hub's data, or --harness_args naming
 local files); --tasks=NAMES scores named tasks at any budget, on a GPT-2 BPE model (--recipe=--dataset=shakespeare).
@@ -50,6 +55,8 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -59,17 +66,19 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
 from attention import ATTENTION
 from prepare import ROOT
 from prepare.atomic import write_atomically, write_or_exit, write_text
+from studies.systems import BUDGETS, SYSTEMS, Metric, at
+from studies.tables import ANALYSIS, ROWS, TABLES, Table
 from support.rundir import RunDir
 from support.checks import check_int_list, check_or_exit, script_settings
 
 # -----------------------------------------------------------------------------
-budget = 'cpu'              # a name in BUDGETS: 'tiny', 'cpu' or 'paper'
+budget = 'cpu'              # a name in systems.BUDGETS: 'tiny', 'cpu' or 'paper'
 table = ''                  # a name in TABLES (a paper's comparison); '' = every rule on every system
 systems = 'recall,text,passkey,vit,pixels,shortcut'  # names in SYSTEMS, the table's columns (a table: its own)
-rules = ''                  # names in rows(), the table's rows; '' = every row (a table: every row of its own)
-seeds = '1337'              # a run per seed; cells show mean ± half the range (a table: 1337,1338,1339 at cpu; ± sd)
+rows = ''                   # the table's rows by name (rules, mix, window); '' = every row (a table: its own)
+seeds = '1337'              # a run per seed; cells show mean ± sample sd (a table: 1337,1338,1339 at cpu)
 out_root = 'lab'            # the runs (a folder per run) and the table
-train = True                # train the runs that are missing; False: only tabulate what is there
+train_missing = True        # train the runs that are missing; False: only tabulate what is there
 recipe = ''                 # more train.py arguments for every run, after the budget's (e.g. "--dtype=float32")
 text_source = ''            # the text and shortcut systems' data instead of the download (train.py --data_source)
 cifar_source = ''           # the vit and pixels systems' CIFAR-10 (a folder with train/test.parquet)
@@ -79,101 +88,45 @@ tasks = ''                  # a table's zero-shot tasks (studies/harness.py) on 
 harness_args = ''           # more studies/harness.py arguments for those (e.g. "--limit=200 --batch_size=8")
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
-SYSTEMS = {  # the columns: what each trains, and the metric its paper reports
-    'recall': 'multi-query associative recall (the default job): answer accuracy, whole val split',
-    'text': 'language model (tiny-shakespeare characters; paper: GPT-2 on FineWeb-Edu): val loss, whole val split',
-    'passkey': 'passkey retrieval trained at T: whole-passkey accuracy at 1x / 2x / 4x T',
-    'vit': 'ViT on CIFAR-10: top-1 accuracy, test split',
-    'vit100': 'ViT on CIFAR-100: top-1 accuracy, test split (not in the default columns: --systems=vit100)',
-    'pixels': 'pixel model on CIFAR-10: bits/dim on the test split; images/s drawn at a fixed batch',
-    'shortcut': 'a pretrained base fine-tuned with the rule as a LoRA shortcut beside its softmax: val loss',
-    'long': 'long context the TDA way: a base with RoPE, then 4x its length with NTK scaling (s = 4): whole-passkey '
-            'accuracy at 4x with 1, 2 and 4 needles',
-}
-SOURCES = {'text': 'text_source', 'shortcut': 'text_source', 'vit': 'cifar_source', 'vit100': 'cifar100_source',
-           'pixels': 'cifar_source'}
-KIN = {'vit100': 'vit'}  # a system whose rows' arguments are another's where a row names none of its own
-# The budgets: each system's train.py arguments (the shortcut's are added to the base's), and the lab's own settings:
-# base ('text': the text system's softmax run of the same seed is the base; else a name for --init_from, 'gpt2'),
-# passkey_examples (fresh episodes per length) and draw_batch (images drawn at once for images/s). `long` trains in
-# two stages: `long_base` (passkeys with 1, 2 and 4 needles at T; 'text': the text system's run of the same row and
-# seed), then `long`'s arguments from its checkpoint, at 4T with NTK-scaled RoPE (docs/rules.md's RoPE scaling).
-CPU = '--device=cpu --compile=False'
-LORA = '--lora_rank=16 --lora_alpha=32 --lora_dropout=0.1'
-SHORT = '--eval_iters=1 --log_interval=5 --warmup_iters=2'
-VIT_TINY = (f'{CPU} {SHORT} --n_layer=1 --n_head=2 --n_embd=32 --batch_size=16 --max_iters=4 --lr_decay_iters=4 '
-            '--warmup_iters=1 --eval_interval=4 --eval_examples=64')
-EXTEND = ('--rope_scaling=ntk --rope_factor=4 --learning_rate=3e-4 --min_lr=3e-5 --always_save_checkpoint=True'
-          )  # at 4x the base's block_size (the lr is ours: the TDA paper does not give it)
-VIT_CPU = (f'{CPU} --n_layer=4 --n_head=4 --n_embd=128 --batch_size=64 --max_iters=200 --lr_decay_iters=200 '
-           '--warmup_iters=10 --eval_interval=200 --eval_iters=10')  # a quarter epoch
-BUDGETS = {
-    'tiny': {  # seconds a run: what the tests use
-        'recall': f'{CPU} {SHORT} --n_layer=1 --n_embd=32 --batch_size=32 --max_iters=20 --lr_decay_iters=20',
-        'text': f'config/shakespeare_char.py {CPU} {SHORT} --n_layer=1 --n_head=2 --n_embd=32 --block_size=32 '
-                '--batch_size=8 --dropout=0 --max_iters=20 --lr_decay_iters=20 --eval_interval=20 --eval_examples=64',
-        'passkey': f'config/passkey.py {CPU} {SHORT} --n_layer=1 --n_embd=32 --batch_size=16 --max_iters=20 '
-                   '--lr_decay_iters=20 --eval_interval=20',
-        'vit': f'config/softmax_vit.py {VIT_TINY}', 'vit100': f'config/softmax_vit100.py {VIT_TINY}',
-        'pixels': f'config/arm_cifar10_cpu_softmax.py {SHORT} --n_layer=1 --n_embd=32 --batch_size=2 --max_iters=2 '
-                  '--lr_decay_iters=2 --warmup_iters=1 --eval_interval=2 --eval_examples=2',
-        'shortcut': f'{LORA} --max_iters=10 --lr_decay_iters=10 --eval_interval=10',
-        'long_base': f'config/passkey.py {CPU} {SHORT} --n_layer=1 --n_embd=32 --batch_size=16 --max_iters=20 '
-                     '--lr_decay_iters=20 --eval_interval=20 --passkey_needles=1,2,4',
-        'long': f'{EXTEND} --block_size=256 --batch_size=4 --max_iters=4 --lr_decay_iters=4 --warmup_iters=1 '
-                '--eval_interval=4',
-        'base': 'text', 'passkey_examples': 64, 'draw_batch': 2,
-    },
-    'cpu': {  # the whole table in under two hours on 2 cores, one seed; RESULTS.md's CPU recipes, some shortened
-        'recall': CPU,  # the default job: 600 iterations of 256 sequences
-        'text': f'config/shakespeare_char.py {CPU} --n_layer=4 --n_head=4 --n_embd=128 --block_size=64 --batch_size=12 '
-                '--dropout=0 --max_iters=1000 --lr_decay_iters=1000 --eval_iters=20',  # the ablation's baby GPT, 1/2
-        'passkey': f'config/passkey.py {CPU}',  # 500 iterations of 64 episodes of 64 tokens
-        'vit': f'config/softmax_vit.py {VIT_CPU}', 'vit100': f'config/softmax_vit100.py {VIT_CPU}',
-        'pixels': 'config/arm_cifar10_cpu_softmax.py --max_iters=20 --lr_decay_iters=20 --warmup_iters=2 '
-                  '--eval_interval=20 --eval_examples=100',  # bits/dim of the first 100 test images
-        'shortcut': f'{LORA} --max_iters=300 --lr_decay_iters=300 --warmup_iters=20 --eval_interval=300',
-        'long_base': f'config/passkey.py {CPU} --passkey_needles=1,2,4',  # 500 iterations of 64 episodes of 64
-        'long': f'{EXTEND} --block_size=256 --batch_size=16 --max_iters=300 --lr_decay_iters=300 --warmup_iters=10 '
-                '--eval_interval=100',  # RESULTS.md's "long context the TDA way": the same tokens a step
-        'base': 'text', 'passkey_examples': 500, 'draw_batch': 8,
-    },
-    'paper': {  # the seed papers' configs (a GPU's job; not run here)
-        'recall': '', 'text': 'config/softmax_fineweb.py', 'passkey': 'config/passkey.py',
-        'vit': 'config/softmax_vit.py', 'vit100': 'config/softmax_vit100.py', 'pixels': 'config/arm_cifar10_softmax.py',
-        'shortcut': 'config/finetune_shakespeare_lora.py', 'base': 'gpt2', 'passkey_examples': 500, 'draw_batch': 200,
-        'long_base': 'text',  # the pre-trained language model, then 500 steps at 4,096 tokens (the TDA paper's)
-        'long': f'{EXTEND} --block_size=4096 --batch_size=16 --max_iters=500 --lr_decay_iters=500 --warmup_iters=20',
-    },
-}
-# The rows: each rule's train.py arguments per system; 'causal' serves every GPT system the row does not name.
-# A value starting 'n/a' says why the row has no such run.
-ROWS = {
-    'softmax': {'causal': '--attention=softmax', 'vit': '--attention=softmax'},
-    'krause': {'causal': '--attention=krause --krause_window=32 --krause_topk=16',  # the paper's LM
-               'pixels': '--attention=krause --krause_window=256 --krause_topk=192',  # its pixel model
-               'vit': '--attention=krause --krause_topk=2 --krause_radius=1 --krause_sigma=2.5'},  # config/krause_vit.py
-    'attentionx': {'causal': '--attention=attentionx --attnx_gamma=3',
-                   'vit': '--attention=attentionx --attnx_gamma=1 --attnx_mask_diagonal=True '
-                          '--attnx_learned_temperature=True'},  # its paper's LSA base (--table=attentionx: beside it)
-    'tda': {'causal': '--attention=tda --pos_emb=rope --tda_beta=0.5',  # β₀ = 0.5 fits small models (RESULTS.md)
-            'shortcut': '--attention=tda --tda_beta=0.5', 'vit': '--attention=tda'},  # the base's positions
-    'cluster': {'causal': '--attention=cluster --cluster_chunk=16', 'pixels': '--attention=cluster --cluster_chunk=64',
-                'vit': '--attention=cluster --cluster_iters=1 --cluster_self=True'},
-    'mix': {'causal': '--attention=krause --mix=True --krause_window=32 --krause_topk=16',
-            'pixels': '--attention=krause --mix=True --krause_window=256 --krause_topk=192',
-            'vit': 'n/a: the mix form adds a causal softmax branch (GPT systems)',
-            'shortcut': 'n/a: every shortcut is a mix form beside the base softmax (the krause row is this one)'},
-    # the baselines (every other one runs with its defaults, each the paper's setting where it has one)
-    'longformer': {'causal': '--attention=longformer --longformer_window=32 --longformer_window_last=512',  # grows
-                   'pixels': '--attention=longformer --longformer_window=256'},  # over depth (config/longformer_gpt.py)
-    'window': {'causal': '--attention=softmax --window=32', 'pixels': '--attention=softmax --window=256',
-               'vit': 'n/a: the sliding window is causal and 1-D (GPT systems)',
-               'shortcut': "n/a: a window is the base softmax's own shape (window=0), which a fine-tune keeps"},
-}
+SOURCES = ('text_source', 'cifar_source', 'cifar100_source')  # the settings a System's `data` names
 
 
-def rows():
+@dataclass(frozen=True)
+class Lab:
+    """The checked settings, what every function below is given: what runs, where, and how."""
+    budget: str
+    table_name: str         # '': every rule on every system
+    table: Table | None     # TABLES[table_name]
+    systems: list           # the columns picked
+    rows: list              # the rows picked, in order
+    rows_of: dict           # {system: [row]}: each system's rows, in the table's order
+    arguments_of: dict      # {system: {row: train.py arguments}} at this budget
+    seeds: list
+    out_root: str
+    recipe: str
+    sources: dict           # {setting in SOURCES: a local copy of the data, or ''}
+    tasks: str
+    harness_args: str
+    train_missing: bool
+
+    @property
+    def folder(self):
+        """The runs, the table and its figures: out_root, or out_root/TABLE."""
+        return os.path.join(self.out_root, self.table_name) if self.table_name else self.out_root
+
+
+class Run(NamedTuple):
+    row: str
+    system: str
+    seed: int
+    arguments: str          # the row's train.py arguments for the system
+
+
+class Failed(Exception):
+    """A step of a run that failed; its message is the error: line its cell holds."""
+
+
+def every_rule_rows():
     """{row: {system or 'causal': arguments}}: ROWS, then every other registered rule with its defaults."""
     every = dict(ROWS)
     for name, cls in ATTENTION.items():
@@ -186,153 +139,21 @@ def rows():
     return every
 
 
-# The papers' tables: each seed paper's comparison, its systems, and per system: `shared`, the settings every row
-# shares beyond the budget's (equal terms); `paper`, the system's train.py arguments at the paper budget (the paper's
-# recipe, for every row); `rows`, each row's rule (its official settings); `paper_rows`, a row's at the paper budget
-# where they differ; `tasks`, the paper's zero-shot tasks (studies/harness.py, at the paper budget: --tasks);
-# `swapped_from`, a row not trained but swapped into another row's trained run (studies/cluster_swap.py), then scored
-# as every row is. `analysis`: the systems given analyze.py's exact-zero sparsity and first-token sink ratio. A row
-# ends with the settings the paper config of its rule sets; `--flex=False` where the rule has no flex path (the paper
-# configs turn flex on) or its config runs SDPA.
-ROPE = '--pos_emb=rope'  # one position encoding for every language-model row: RoPE (the TDA paper's)
-TABLES = {
-    'tda': {  # Threshold Differential Attention (arXiv 2601.12145), Table 1, and its long-context part
-        'analysis': ['text'],
-        'systems': {'text': {
-            'shared': ROPE,
-            'paper': 'config/tda_gpt.py',  # GPT-2-162M, untied head, FineWeb-Edu, lr 1e-3 to 1e-4
-            'tasks': 'hellaswag,arc_easy,arc_challenge,openbookqa,piqa,winogrande',  # zero-shot, as the paper
-            'rows': {
-                'softmax': '--attention=softmax',
-                'gated': '--attention=gated',  # elementwise gate (config/gated_gpt.py): +C² per layer
-                'entmax': '--attention=entmax --flex=False',  # 1.5-entmax (config/entmax_gpt.py)
-                'rela': '--attention=rela --flex=False',  # ReLA-g (config/rela_gpt.py)
-                'diff': '--attention=diff --flex=False',  # λ_init over depth (config/diff_gpt.py: SDPA)
-                'dex': '--attention=dex',  # the last half of the heads, f_D from 0 (config/dex_gpt.py)
-                'tda': '--attention=tda --tda_beta=0.5',  # β₀ = 0.5 fits small models (RESULTS.md); paper: 1
-                'tda_matched': '--attention=tda --tda_beta=0.5 --tda_matched=True',  # half-width views: softmax's size
-                'tra': '--attention=tda --tda_differential=False --tda_beta=0.5',  # the paper's single-view ablation
-            },
-            'paper_rows': {'tda': '--attention=tda', 'tda_matched': '--attention=tda --tda_matched=True',  # β₀ = 1
-                           'tra': '--attention=tda --tda_differential=False'},
-        }, 'long': {  # passkeys after the NTK extension; at paper, the text rows extended, in words, and SCROLLS
-            'shared': ROPE,
-            'tasks': 'qmsum_scrolls,summscreenfd_scrolls,govreport_scrolls,qasper_scrolls',  # ROUGE, F1 (SCROLLS')
-            'rows': {'softmax': '--attention=softmax', 'tda': '--attention=tda --tda_beta=0.5'},
-            'paper_rows': {'tda': '--attention=tda'},
-        }},
-    },
-    'krause_lm': {  # Krause Synchronization Transformers (arXiv 2602.11534), the language-model table
-        'systems': {'text': {
-            'shared': ROPE,  # config/krause_gpt.py has learned positions; RoPE for every row here
-            # 8 x 768, FineWeb-Edu, biases as the official code; the baselines alone (mix=False, as
-            # config/{topk,longformer,routing}_gpt.py)
-            'paper': 'config/krause_gpt.py --mix=False',
-            'tasks': 'lambada_openai,hellaswag,arc_easy,piqa,blimp',  # zero-shot (CBT is not in the harness)
-            'rows': {
-                'softmax': '--attention=softmax',  # "standard"
-                'window': '--attention=softmax --window=32',  # Krause's W
-                'topk': '--attention=topk --topk_k=32',  # config/topk_gpt.py (the paper does not say its k)
-                'longformer': '--attention=longformer --longformer_window=32 --longformer_window_last=512',  # grows
-                'routing': '--attention=routing --routing_clusters=32 --routing_window=32 --flex=False',  # half local
-                'krause': '--attention=krause --mix=True --krause_window=32 --krause_topk=16 --krause_sigma=2.5',
-                'krause_matched': '--attention=krause --mix=True --mix_matched=True --krause_window=32 --krause_topk=16 '
-                                  '--krause_sigma=2.5',  # each branch half the heads: softmax's parameters
-            },
-        }},
-    },
-    'krause_vision': {  # Krause Synchronization Transformers, the CIFAR table: top-1, parameters, FLOPs
-        'systems': {system: {
-            'shared': '',
-            'paper': f'config/{config}.py',  # the official KViT-S recipe, both datasets
-            'rows': {
-                'softmax': '--attention=softmax',
-                'krause': '--attention=krause --krause_topk=2 --krause_radius=1 --krause_metric=manhattan '
-                          '--krause_sigma=2.5 --flex=False',  # config/krause_vit.py
-            },
-        } for system, config in (('vit', 'softmax_vit'), ('vit100', 'softmax_vit100'))},
-    },
-    'krause_images': {  # Krause Synchronization Transformers, the pixel-model table: bits/dim and images/s
-        'systems': {'pixels': {
-            'shared': '',
-            'paper': 'config/arm_cifar10_softmax.py',  # 16 x 512; 64 images a step is ours (no batch in the paper)
-            'rows': {
-                'softmax': '--attention=softmax',
-                'linear': '--attention=linear',  # "LARM" at the Krause ARM's 16 x 512 (its own: 16 x 256)
-                'krause': '--attention=krause --krause_window=256 --krause_topk=192 --krause_sigma=2.5',
-            },
-        }},
-    },
-    'krause_llm': {  # Krause Synchronization Transformers, the fine-tune: a base with LoRA, with LoRA and the shortcut
-        'systems': {'shortcut': {
-            'shared': '',  # the base's shape and positions (a fine-tune keeps them)
-            'paper': 'config/finetune_shakespeare_lora.py',  # GPT-2 124M on Tiny Shakespeare (ours: 20 steps, lr 1e-3)
-            'rows': {
-                'lora': '--attention=softmax --mix=False',  # LoRA alone: no shortcut
-                'krause': '--attention=krause --mix=True --krause_window=32 --krause_topk=16 --krause_sigma=5.5',
-            },
-        }},
-    },
-    'attentionx': {  # AttentionX (arXiv 2409.04275): its ViT on an LSA ViT, and its nanoGPT
-        'systems': {
-            'text': {
-                'shared': ROPE,  # the paper's nanoGPT: learned positions; RoPE for every row here
-                'paper': 'config/softmax_gpt.py',  # nanoGPT's GPT-2 124M on OpenWebText (config/attentionx_gpt.py)
-                'rows': {'softmax': '--attention=softmax', 'attentionx': '--attention=attentionx --attnx_gamma=3'},
-            },
-            **{system: {
-                'shared': '',
-                # the KViT-S recipe, as config/lsa_vit.py and config/attentionx_vit.py (the paper's: vit_small, 6 x
-                # 8 heads of 64, Adam 1e-4, batch 512, 200 epochs)
-                'paper': f'config/{config}.py',
-                'rows': {
-                    'lsa': '--attention=lsa',  # the base: diagonal masked, a learned temperature per layer
-                    'attentionx': '--attention=attentionx --attnx_gamma=1 --attnx_mask_diagonal=True '
-                                  '--attnx_learned_temperature=True',  # on the LSA ViT: its mask and temperature
-                },
-            } for system, config in (('vit', 'softmax_vit'), ('vit100', 'softmax_vit100'))},
-        },
-    },
-    'cluster': {  # this project's cluster attention against softmax, trained and swapped into a trained softmax
-        'systems': {
-            'text': {
-                'shared': ROPE,
-                'paper': 'config/softmax_gpt.py',  # nanoGPT's GPT-2 124M on OpenWebText (config/cluster_gpt.py)
-                'rows': {'softmax': '--attention=softmax', 'cluster': '--attention=cluster --cluster_chunk=16',
-                         'swap': '--attention=cluster --cluster_chunk=16 --cluster_m=16 --cluster_sharpness=20'},
-                'paper_rows': {'cluster': '--attention=cluster --cluster_m=64 --cluster_chunk=64',  # at 1,024 tokens
-                               'swap': '--attention=cluster --cluster_m=64 --cluster_chunk=64 --cluster_sharpness=20'},
-                'swapped_from': {'swap': 'softmax'},  # not trained: studies/cluster_swap.py on softmax's run
-            },
-            'vit': {
-                'shared': '',
-                'paper': 'config/softmax_vit.py',
-                'rows': {'softmax': '--attention=softmax',
-                         'cluster': '--attention=cluster --cluster_iters=1 --cluster_self=True'},  # cluster_vit.py
-            },
-        },
-    },
-}
-ANALYSIS = [('sparsity', 'exact zeros', 3), ('sink_ratio', 'sink ratio', 2)]  # analyze.py's, mean over layers, heads
-
-
 def row_arguments(row, system):
-    """A row of rows()'s arguments for a system: its own, else its kin's (vit100: vit's), else the GPT systems'."""
-    return next(row[name] for name in (system, KIN.get(system), 'causal') if name in row)
+    """A row of every_rule_rows()'s arguments for a system: its own, else its kin's (vit100: vit's), else the GPT
+    systems'."""
+    return next(row[name] for name in (system, SYSTEMS[system].kin, 'causal') if name in row)
 
 
-def own_rows(name, system):
-    """{row: its own train.py arguments} of table `name`'s system at this budget, in the table's order (a row's
-    paper_rows entry at the paper budget)."""
-    spec = TABLES[name]['systems'][system]
-    return {**spec['rows'], **(spec.get('paper_rows', {}) if budget == 'paper' else {})}
+def own_rows(spec, budget):
+    """{row: its own train.py arguments} of a table's system (a TableSystem) at `budget`, in the table's order (a
+    row's paper_rows entry at the paper budget)."""
+    return {**spec.rows, **(spec.paper_rows if budget == 'paper' else {})}
 
 
-def table_rows(name, system):
-    """{row: train.py arguments} of table `name`'s system at this budget: the settings every row shares, then the
-    row's own."""
-    shared = TABLES[name]['systems'][system]['shared']
-    return {row: f"{shared} {arguments}".strip() for row, arguments in own_rows(name, system).items()}
+def table_rows(spec, budget):
+    """{row: train.py arguments} of a table's system at `budget`: the settings every row shares, then the row's own."""
+    return {row: f"{spec.shared} {arguments}".strip() for row, arguments in own_rows(spec, budget).items()}
 
 
 def picked(key, text, valid, where=''):
@@ -346,205 +167,230 @@ def picked(key, text, valid, where=''):
     return names
 
 
-def check_lab_settings(c, given=()):
-    """(rows, systems, seeds); ValueError naming the first bad setting, before any run starts. given: the keys the
-    command line set (a table's systems and seeds are its own unless given)."""
-    if c['budget'] not in BUDGETS:
-        raise ValueError(f"budget={c['budget']!r} is not a budget; pass --budget=tiny, cpu or paper")
-    name = c['table']
-    if name and name not in TABLES:
-        raise ValueError(f"table={name!r} is not a table; pass --table=NAME, one of {', '.join(TABLES)}, or leave it "
-                         f"out for every rule on every system")
-    if name:  # the table's own systems and rows, in its order; --systems and --rules pick among them
-        spec, where = TABLES[name]['systems'], f" (not in table {name})"
-        system_names = picked('systems', c['systems'] if 'systems' in given else ','.join(spec), list(spec), where)
-        own = list(dict.fromkeys(row for s in system_names for row in spec[s]['rows']))
-        rule_names = picked('rules', c['rules'] or ','.join(own), own, where)
-        row_names = [row for row in own if row in rule_names]
-        system_names = [s for s in system_names if set(spec[s]['rows']) & set(row_names)]  # with a row picked
-        seed_text = c['seeds'] if 'seeds' in given else '1337,1338,1339' if c['budget'] == 'cpu' else '1337'
-    else:
-        system_names = picked('systems', c['systems'], list(SYSTEMS))
-        row_names = picked('rules', c['rules'] or ','.join(rows()), list(rows()))
-        seed_text = c['seeds']
-    seed_list = check_int_list({'seeds': seed_text}, 'seeds', '1337,1338', at_least=0)
+def table_picks(c, given, name):
+    """(rows, systems, seeds text) of table `name`: its own systems and rows, in its order; --systems and --rows pick
+    among them, --seeds where given."""
+    spec, where = TABLES[name].systems, f" (not in table {name})"
+    system_names = picked('systems', c['systems'] if 'systems' in given else ','.join(spec), list(spec), where)
+    own = list(dict.fromkeys(row for s in system_names for row in spec[s].rows))
+    row_names = [row for row in own if row in picked('rows', c['rows'] or ','.join(own), own, where)]
+    system_names = [s for s in system_names if set(spec[s].rows) & set(row_names)]  # with a row picked
+    return row_names, system_names, c['seeds'] if 'seeds' in given else '1337,1338,1339' if c['budget'] == 'cpu' \
+        else '1337'
+
+
+def every_rule_picks(c):
+    """(rows, systems, seeds text) of the every-rule table."""
+    columns = [name for name, system in SYSTEMS.items() if system.column]
+    system_names, every = picked('systems', c['systems'], columns), list(every_rule_rows())
+    return picked('rows', c['rows'] or ','.join(every), every), system_names, c['seeds']
+
+
+def check_the_rest(c, name, system_names):
+    """ValueError naming the first bad setting of those that pick no row: commands, tasks, data and out_root."""
     for key in ('recipe', 'harness_args'):
         try:
             shlex.split(c[key])
         except ValueError as e:
             raise ValueError(f"{key} does not parse as command-line arguments ({e}); pass --{key}=\"...\" with "
                              f"balanced quotes") from None
-    if c['tasks'] not in ('', 'none') and not (name and any('tasks' in spec[s] for s in system_names)):
+    if c['tasks'] not in ('', 'none') and not (name and any(TABLES[name].systems[s].tasks for s in system_names)):
         raise ValueError(f"tasks={c['tasks']} scores a table's language models, and "
                          f"{'table ' + name + ' has none picked' if name else 'no table is picked'}; pass "
                          f"--table=tda or krause_lm (with --systems=text), or leave --tasks out")
-    for key in ('text_source', 'cifar_source', 'cifar100_source'):
+    for key in SOURCES:
         if c[key] and not os.path.exists(c[key]):
             raise ValueError(f"{key}={c[key]} does not exist; pass a local copy of the data, or nothing to download it")
     if not c['out_root']:
         raise ValueError("out_root is empty; pass --out_root=DIR (the runs and the table go there)")
     if os.path.exists(c['out_root']) and not os.path.isdir(c['out_root']):
         raise ValueError(f"out_root={c['out_root']} is a file, not a folder; pass --out_root=DIR")
-    return row_names, system_names, seed_list
+
+
+def lab_settings(c, given=()):
+    """The Lab of settings `c`; ValueError naming the first bad setting, before any run starts. given: the keys the
+    command line set (a table's systems and seeds are its own unless given)."""
+    if c['budget'] not in BUDGETS:
+        raise ValueError(f"budget={c['budget']!r} is not a budget; pass --budget=tiny, cpu or paper")
+    name, spec = c['table'], TABLES.get(c['table'])
+    if name and not spec:
+        raise ValueError(f"table={name!r} is not a table; pass --table=NAME, one of {', '.join(TABLES)}, or leave it "
+                         f"out for every rule on every system")
+    row_names, system_names, seed_text = table_picks(c, given, name) if spec else every_rule_picks(c)
+    seed_list = check_int_list({'seeds': seed_text}, 'seeds', '1337,1338', at_least=0)
+    check_the_rest(c, name, system_names)
+    if spec:  # each system's rows in the table's order, and their arguments at this budget
+        rows_of = {s: [r for r in spec.systems[s].rows if r in row_names] for s in system_names}
+        arguments_of = {s: table_rows(spec.systems[s], c['budget']) for s in system_names}
+    else:
+        every = every_rule_rows()
+        rows_of = {s: row_names for s in system_names}
+        arguments_of = {s: {r: row_arguments(every[r], s) for r in row_names} for s in system_names}
+    return Lab(c['budget'], name, spec, system_names, row_names, rows_of, arguments_of, seed_list, c['out_root'],
+               c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train_missing'])
 
 
 # -----------------------------------------------------------------------------
 # one run: train.py, then its scoring, each a process with its log in the run's folder
 
 
-def system_args(system):
+def system_args(lab, system):
     """The budget's train.py arguments of a system; at the paper budget a table's own recipe for it."""
-    spec = TABLES[table]['systems'].get(system) if table else None
-    return spec['paper'] if spec and 'paper' in spec and budget == 'paper' else BUDGETS[budget][system]
+    spec = lab.table.systems.get(system) if lab.table else None
+    return spec.paper if spec and spec.paper and lab.budget == 'paper' else SYSTEMS[system].args[lab.budget]
 
 
-def run_args(row, system, seed, arguments):
-    """train.py arguments of one run: the budget's system, the row's rule, the recipe, the run's seed and folder."""
-    plan, base_args, data = BUDGETS[budget], system_args(system), []
-    if system == 'shortcut':  # the rule beside the base's own softmax, LoRA on both (a table's rows say their mix)
-        arguments += '' if table else ' --mix=True'
-        if plan['base'] == 'text':
-            base_args = f"{plan['text']} {base_args} --init_from={run_dir('softmax', 'text', seed)}/ckpt.pt"
-    if system == 'long':  # the extension: the base's arguments, then the budget's, from the base's checkpoint
-        base = long_base()
-        base_args = f"{system_args(base)} {base_args} --init_from={run_dir(row, base, seed)}/ckpt.pt"
-    if system in ('long', 'long_base') and long_base() == 'long_base':  # passkeys of 1, 2, 4 needles at each length
-        data = [f"--data_dir={os.path.join(os.path.abspath(out_root), table, 'data', system)}"]
-    source = globals()[SOURCES[system]] if system in SOURCES else text_source if system == 'long' else ''
-    source = [f'--data_source={os.path.abspath(source)}'] if source and (
-        system not in ('shortcut', 'long') or plan['base' if system == 'shortcut' else 'long_base'] == 'text') else []
-    return [*shlex.split(base_args), *shlex.split(arguments), *shlex.split(recipe), *source, *data, f'--seed={seed}',
-            f'--out_dir={run_dir(row, system, seed)}']
+def run_dir(lab, run):
+    return os.path.abspath(os.path.join(lab.folder, run.system, f'{run.row}-s{run.seed}'))
 
 
-def long_base():
-    """The system whose run the long system extends: 'text' (the budget's long_base says so), else 'long_base'."""
-    return 'text' if BUDGETS[budget]['long_base'] == 'text' else 'long_base'
+def base_run(lab, run):
+    """The run this one starts from (its system's base: the text softmax run, the long base), or None."""
+    system = SYSTEMS[run.system]
+    base = at(system.base, lab.budget)
+    if not base:
+        return None
+    if system.base_row:  # one run every row starts from
+        return Run(system.base_row, base, run.seed, row_arguments(ROWS[system.base_row], base))
+    return Run(run.row, base, run.seed, run.arguments)  # a stage of the row's own
 
 
-def swapped_from(row, system):
-    """The row of a table whose trained run `row` is swapped into (its `swapped_from`), or None: a row trained."""
-    return TABLES[table]['systems'].get(system, {}).get('swapped_from', {}).get(row) if table else None
+def run_args(lab, run):
+    """train.py arguments of one run: the budget's system (after its base's, from the base's checkpoint), the row's
+    rule, the recipe, the system's data, the run's seed and folder."""
+    system, base = SYSTEMS[run.system], base_run(lab, run)
+    args = system_args(lab, run.system)
+    if base:
+        args = f"{system_args(lab, base.system)} {args} --init_from={run_dir(lab, base)}/ckpt.pt"
+    own = run.arguments if lab.table else f"{run.arguments} {system.every_rule_args}"
+    data = at(system.data, lab.budget)
+    source = [f'--data_source={os.path.abspath(lab.sources[data])}'] if lab.sources.get(data) else []
+    if data == 'own':  # apart from the default's (passkeys of 1, 2, 4 needles at each length)
+        source = [f"--data_dir={os.path.join(os.path.abspath(lab.folder), 'data', run.system)}"]
+    return [*shlex.split(args), *shlex.split(own), *shlex.split(lab.recipe), *source, f'--seed={run.seed}',
+            f'--out_dir={run_dir(lab, run)}']
 
 
-def swap_args(row, system, seed, arguments):
+def swapped_from(lab, run):
+    """The row of a table whose trained run `run` is swapped into (its `swapped_from`), or None: a row trained."""
+    spec = lab.table.systems.get(run.system) if lab.table else None
+    return spec.swapped_from.get(run.row) if spec else None
+
+
+def swap_args(lab, run):
     """studies/cluster_swap.py's arguments for a swapped row: the trained run it starts from, the row's cluster
     settings (its cluster_m the one m), and the row's folder, where the swapped model is written as ckpt.pt."""
-    cluster = [a.replace('--cluster_m=', '--cluster_ms=') for a in shlex.split(arguments) if a.startswith('--cluster_')]
-    return [f'--out_dir={run_dir(swapped_from(row, system), system, seed)}', *cluster, f'--seed={seed}',
-            f'--swap_out_dir={run_dir(row, system, seed)}']
+    cluster = [a.replace('--cluster_m=', '--cluster_ms=') for a in shlex.split(run.arguments)
+               if a.startswith('--cluster_')]
+    trained = run._replace(row=swapped_from(lab, run))
+    return [f'--out_dir={run_dir(lab, trained)}', *cluster, f'--seed={run.seed}', f'--swap_out_dir={run_dir(lab, run)}']
 
 
-def run_dir(row, system, seed):
-    return os.path.abspath(os.path.join(out_root, table, system, f'{row}-s{seed}'))
+def first_run(lab, run):
+    """The run trained before this one: its base, or the row a swapped row is swapped into; None."""
+    swapped = swapped_from(lab, run)
+    if swapped:
+        return Run(swapped, run.system, run.seed, table_rows(lab.table.systems[run.system], lab.budget)[swapped])
+    return base_run(lab, run)
 
 
-def launch(script, args, log_path):
-    """A script of the repo in a process of its own, its output added to log_path: (exit code, its error: line)."""
+def launched(script, args, log_path):
+    """A script of the repo in a process of its own, its output added to log_path; Failed with its error: line."""
     with open(log_path, 'a') as f:  # a run stopped and started again keeps both attempts' output
         start = f.tell()
         code = subprocess.run([sys.executable, script, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    with open(log_path) as f:
-        f.seek(start)
-        errors = [line.strip() for line in f if line.startswith('error:')]
-    return code, (errors[-1] if errors else f"error: {script} exited with code {code}")
+    if code:
+        with open(log_path) as f:
+            f.seek(start)
+            errors = [line.strip() for line in f if line.startswith('error:')]
+        raise Failed(errors[-1] if errors else f"error: {script} exited with code {code}")
 
 
-def train_run(row, system, seed, arguments):
-    """Train one run unless it is trained (its trained.json); go on from its checkpoint where a stop left one.
-    Returns None, or the failure {'error', 'log'}."""
-    folder = run_dir(row, system, seed)
+def train_run(lab, run):
+    """Train one run unless it is trained (its trained.json), the run it starts from first; go on from its
+    checkpoint where a stop left one. Returns None, or the failure {'error', 'log'}."""
+    folder = run_dir(lab, run)
     if os.path.exists(os.path.join(folder, 'trained.json')):
         return None
-    first = (('softmax', 'text', ROWS['softmax']['causal']) if system == 'shortcut' and BUDGETS[budget]['base'] ==
-             'text' else (row, long_base(), arguments) if system == 'long' else  # the same rule, at T
-             (swapped_from(row, system), system, table_rows(table, system)[swapped_from(row, system)])
-             if swapped_from(row, system) else None)
-    if first:  # the run this one starts from, trained first: the text softmax base, the long base, the swapped row
-        failed = train_run(first[0], first[1], seed, first[2])
-        if failed:
-            return {'error': f"its base ({first[1]} {first[0]} seed {seed}) failed: {failed['error']}",
-                    'log': failed['log']}
+    first = first_run(lab, run)
+    failed = first and train_run(lab, first)
+    if failed:
+        return {'error': f"its base ({first.system} {first.row} seed {run.seed}) failed: {failed['error']}",
+                'log': failed['log']}
     os.makedirs(folder, exist_ok=True)
-    script, args = (('studies/cluster_swap.py', swap_args(row, system, seed, arguments)) if swapped_from(row, system)
-                    else ('train.py', run_args(row, system, seed, arguments)))
-    if os.path.exists(os.path.join(folder, 'ckpt.pt')) and script == 'train.py':
+    swapped, log, t0 = swapped_from(lab, run), os.path.join(folder, 'train.log'), time.time()
+    script, args = ('studies/cluster_swap.py', swap_args(lab, run)) if swapped else ('train.py', run_args(lab, run))
+    if os.path.exists(os.path.join(folder, 'ckpt.pt')) and not swapped:
         args.append('--init_from=resume')
-    log = os.path.join(folder, 'train.log')
-    t0 = time.time()
-    code, error = launch(script, args, log)
-    if code:
-        return {'error': error, 'log': log}
+    try:
+        launched(script, args, log)
+    except Failed as e:
+        return {'error': str(e), 'log': log}
     write_atomically(os.path.join(folder, 'trained.json'), lambda tmp: write_text(tmp, json.dumps(
         {'wall_s': time.time() - t0, 'args': args})))
     return None
 
 
-def score_run(row, system, seed, arguments):
+def score_run(lab, run):
     """Score a trained run with its system's metric (a table's cell: and measure it, measure_run): {'metrics', 'log'}
     or the failure {'error', 'log'}."""
-    folder, plan = run_dir(row, system, seed), BUDGETS[budget]
+    system, folder = SYSTEMS[run.system], run_dir(lab, run)
     log = os.path.join(folder, 'eval.log')
-    if system in ('passkey', 'long'):  # fresh episodes: at 1x, 2x and 4x the trained length; long: at its own (4x
-        # the base's) with 1, 2 and 4 needles, in words where it extends the language model
-        asked = (['--multiples=1,2,4'] if system == 'passkey' else
-                 ['--multiples=1', '--needles=1,2,4', *(['--passkey=True'] if long_base() == 'text' else [])])
-        code, error = launch('studies/extrapolate.py', [f'--out_dir={folder}', *asked, '--json_out=True',
-                                                       f"--num_examples={plan['passkey_examples']}",
-                                                       f'--device={score_device()}'], log)
-        if code:
-            return {'error': error, 'log': log}
-        with open(log) as f:
-            lines = [json.loads(line) for line in f if line.startswith('{')]
-        metrics = {(f"acc_{r['multiple']}x" if system == 'passkey' else f"needles_{r['needles']}"): r['passkey_acc']
-                   for r in lines}
-    else:
-        args = [*run_args(row, system, seed, arguments), '--init_from=resume', '--eval_only=True', '--eval_full=True']
-        code, error = launch('train.py', args, log)
-        if code:
-            return {'error': error, 'log': log}
-        with open(os.path.join(folder, 'eval_full.json')) as f:
-            full = json.load(f)
-        metrics = {'val_loss': full['val_loss'], 'examples': full['examples']}
-        if system in ('recall', 'vit', 'vit100'):
-            metrics['val_acc'] = full['val_acc']
-    # measured in this process: whatever goes wrong is this cell's, not the table's
-    if system == 'pixels':
-        metrics['bits_per_dim'] = full['bits_per_dim']
-        try:
-            metrics['draw_images_per_s'] = draw_speed(folder, plan['draw_batch'])
-        except Exception as e:
-            return {'error': f"error: drawing {plan['draw_batch']} images failed ({type(e).__name__}: {e})",
-                    'log': log}
-    if table:
-        try:
-            metrics.update(measure_run(folder, system))
-        except (Exception, SystemExit) as e:  # load_run's SystemExit: a checkpoint it cannot read
-            return {'error': f"error: measuring {folder} failed ({type(e).__name__}: {e})", 'log': log}
-    if tasks_of(system):  # the zero-shot tasks, studies/harness.py on the run's checkpoint
-        code, error = launch('studies/harness.py', [f'--out_dir={folder}', f"--tasks={','.join(tasks_of(system))}",
-                                                   f'--device={score_device()}', *shlex.split(harness_args)], log)
-        if code:
-            return {'error': error, 'log': log}
-        with open(os.path.join(folder, 'harness.json')) as f:
-            results = json.load(f)['results']
-        metrics.update({f'task_{name}': task_score(results[name]) for name in tasks_of(system)})
+    try:
+        metrics = passkey_metrics(lab, run, log) if system.passkeys else full_metrics(lab, run, log)
+        if system.draw_batch:  # measured in this process: whatever goes wrong is this cell's, not the table's
+            metrics['draw_images_per_s'] = draw_speed(folder, at(system.draw_batch, lab.budget))
+        if lab.table:
+            metrics.update(measure_run(folder, run.system in lab.table.analysis))
+        if tasks_of(lab, run.system):
+            metrics.update(task_metrics(lab, folder, tasks_of(lab, run.system), log))
+    except Failed as e:
+        return {'error': str(e), 'log': log}
     return {'metrics': metrics, 'log': log}
 
 
-def score_device():
+def passkey_metrics(lab, run, log):
+    """extrapolate.py's whole-passkey accuracy on fresh episodes, a metric per line it writes (its system's
+    passkey_key)."""
+    system = SYSTEMS[run.system]
+    launched('studies/extrapolate.py', [f'--out_dir={run_dir(lab, run)}', *shlex.split(at(system.passkeys, lab.budget)),
+                                        '--json_out=True', f'--device={score_device(lab.budget)}'], log)
+    with open(log) as f:
+        lines = [json.loads(line) for line in f if line.startswith('{')]
+    return {system.passkey_key.format(**line): line['passkey_acc'] for line in lines}
+
+
+def full_metrics(lab, run, log):
+    """train.py's evaluation of the whole val split: val_loss, examples, and the system's full_keys."""
+    launched('train.py', [*run_args(lab, run), '--init_from=resume', '--eval_only=True', '--eval_full=True'], log)
+    with open(os.path.join(run_dir(lab, run), 'eval_full.json')) as f:
+        full = json.load(f)
+    return {'val_loss': full['val_loss'], 'examples': full['examples'],
+            **{key: full[key] for key in SYSTEMS[run.system].full_keys}}
+
+
+def task_metrics(lab, folder, names, log):
+    """The zero-shot tasks `names`, studies/harness.py on the run's checkpoint: {task_NAME: its number}."""
+    launched('studies/harness.py', [f'--out_dir={folder}', f"--tasks={','.join(names)}",
+                                    f'--device={score_device(lab.budget)}', *shlex.split(lab.harness_args)], log)
+    with open(os.path.join(folder, 'harness.json')) as f:
+        results = json.load(f)['results']
+    return {f'task_{name}': task_score(results[name]) for name in names}
+
+
+def score_device(budget):
     """Where the scoring scripts run: the GPU at the paper budget where there is one, else the CPU."""
     import torch
     return 'cuda' if budget == 'paper' and torch.cuda.is_available() else 'cpu'
 
 
-def tasks_of(system):
+def tasks_of(lab, system):
     """The harness tasks a table's system is scored on at this budget: --tasks where given (on the systems whose
     spec has tasks), else the spec's own at the paper budget; none outside a table, or with --tasks=none."""
-    spec = TABLES[table]['systems'][system] if table else {}
-    if 'tasks' not in spec or tasks == 'none':
+    spec = lab.table.systems[system] if lab.table else None
+    if not (spec and spec.tasks) or lab.tasks == 'none':
         return []
-    return [name for name in (tasks or (spec['tasks'] if budget == 'paper' else '')).split(',') if name]
+    return [name for name in (lab.tasks or (spec.tasks if lab.budget == 'paper' else '')).split(',') if name]
 
 
 TASK_METRICS = ('rouge_geometric_mean', 'f1', 'acc_norm', 'acc', 'bits_per_byte')  # the first a task reports
@@ -556,35 +402,41 @@ def task_score(result):
     return next(result[f'{name},none'] for name in TASK_METRICS if f'{name},none' in result)
 
 
-def measure_run(folder, system):
+def measure_run(folder, analysed):
     """A table's measurements of a trained run, in this process: `params`, every parameter of the model (its own
     count, get_num_params(non_embedding=False)); `flops_counted` and `flops_ideal`, attention FLOPs per token and
-    layer on the path that ran and the rule's ideal (support/flops.py); and where the table asks for analysis,
-    analyze.py's exact-zero `sparsity` and first-token `sink_ratio` of its validation batch, the mean over layers
-    and heads (None where analyze.py says n/a)."""
-    from support.flops import attention_flops
-    from support.loading import load_run
-    run = load_run(folder, 'cpu')
-    flops = attention_flops(run.model)
-    measured = {'params': run.model.get_num_params(non_embedding=False), 'flops_counted': flops['counted'],
-                'flops_ideal': flops['ideal']}
-    if system in TABLES[table].get('analysis', ()):
-        from studies.analyze import analyse, val_batch
-        layers, _ = analyse(run.model, val_batch(run.config, run.data_dir, run.model.config.block_size))
-        for key, _, _ in ANALYSIS:
-            values = [layer.get('heads', {}).get(key) for layer in layers]
-            measured[key] = float(np.mean(values)) if all(isinstance(v, list) for v in values) else None
+    layer on the path that ran and the rule's ideal (support/flops.py); and where `analysed`, analyze.py's
+    exact-zero `sparsity` and first-token `sink_ratio` of its validation batch, the mean over layers and heads (None
+    where analyze.py says n/a). Failed where the run cannot be read or measured."""
+    try:
+        from support.flops import attention_flops
+        from support.loading import load_run
+        run = load_run(folder, 'cpu')
+        flops = attention_flops(run.model)
+        measured = {'params': run.model.get_num_params(non_embedding=False), 'flops_counted': flops['counted'],
+                    'flops_ideal': flops['ideal']}
+        if analysed:
+            from studies.analyze import analyse, val_batch
+            layers, _ = analyse(run.model, val_batch(run.config, run.data_dir, run.model.config.block_size))
+            for metric in ANALYSIS:
+                values = [layer.get('heads', {}).get(metric.key) for layer in layers]
+                measured[metric.key] = float(np.mean(values)) if all(isinstance(v, list) for v in values) else None
+    except (Exception, SystemExit) as e:  # load_run's SystemExit: a checkpoint it cannot read
+        raise Failed(f"error: measuring {folder} failed ({type(e).__name__}: {e})") from None
     return measured
 
 
 def draw_speed(folder, batch_size):
     """Images per second drawn from a pixel model with its cache, `batch_size` images at once, on the device it
-    trained on (support/pixels.py; here in the lab's process)."""
+    trained on (support/pixels.py; here in the lab's process). Failed where drawing fails."""
     from support.loading import load_run
     from support.pixels import timed_draw
-    run = load_run(folder, 'cpu')
-    model = run.model.to(run.config.get('device', 'cpu')).eval()
-    return timed_draw(model, batch_size, batch_size, model.config.block_size + 1)[1]
+    try:
+        run = load_run(folder, 'cpu')
+        model = run.model.to(run.config.get('device', 'cpu')).eval()
+        return timed_draw(model, batch_size, batch_size, model.config.block_size + 1)[1]
+    except Exception as e:
+        raise Failed(f"error: drawing {batch_size} images failed ({type(e).__name__}: {e})") from None
 
 
 def training_rate(folder):
@@ -601,88 +453,81 @@ def training_rate(folder):
     return None, None
 
 
-def cell_run(row, system, seed, arguments):
+def cell_run(lab, run):
     """One run's result, from its cell.json when it has one (never trained again), else trained and scored now."""
-    path = os.path.join(run_dir(row, system, seed), 'cell.json')
+    folder = run_dir(lab, run)
+    path = os.path.join(folder, 'cell.json')
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    if not train:
-        return {'not_run': 'not run yet: pass --train=True'}
-    failed = train_run(row, system, seed, arguments)
+    if not lab.train_missing:
+        return {'not_run': 'not run yet: pass --train_missing=True'}
+    failed = train_run(lab, run)
     if failed:
         return failed
     t0 = time.time()
-    scored = score_run(row, system, seed, arguments)
+    scored = score_run(lab, run)
     if 'error' in scored:
         return scored
-    with open(os.path.join(run_dir(row, system, seed), 'trained.json')) as f:
+    with open(os.path.join(folder, 'trained.json')) as f:
         trained = json.load(f)
-    rate, unit = training_rate(run_dir(row, system, seed))
+    rate, unit = training_rate(folder)
     result = {**scored, 'train_wall_s': trained['wall_s'], 'score_wall_s': time.time() - t0, 'rate': rate,
               'rate_unit': unit, 'args': shlex.join(trained['args'])}
     write_atomically(path, lambda tmp: write_text(tmp, json.dumps(result)))
     return result
 
 
+def planned_cells(lab):
+    """({row: {system: cell}} with each cell's arguments (a table's: and the row's own), or why it has no run;
+    [Run] of the cells to run, a run per seed)."""
+    cells, todo = {}, []
+    for system in lab.systems:
+        own = own_rows(lab.table.systems[system], lab.budget) if lab.table else {}
+        for row in lab.rows_of[system]:
+            arguments = lab.arguments_of[system][row]
+            cells.setdefault(row, {})[system] = {'args': arguments, 'seeds': {}, 'status': 'ok'}
+            if lab.table:  # the row's own, beside the settings every row of the system shares
+                cells[row][system]['own'] = own[row]
+            if arguments.startswith('n/a'):
+                cells[row][system].update(status='n/a', why=arguments)
+            else:
+                todo += [Run(row, system, seed, arguments) for seed in lab.seeds]
+    return cells, todo
+
+
+def run_cells(lab, cells, todo):
+    """Each run of `todo` into its cell (its result, or why it has none), with a bar of the runs to go."""
+    finished = {run for run in todo if os.path.exists(os.path.join(run_dir(lab, run), 'cell.json'))}
+    progress = tqdm(total=len(todo), initial=len(finished), unit='run', dynamic_ncols=True)  # its ETA: runs to go
+    try:
+        for run in todo:
+            cell, result = cells[run.row][run.system], cell_run(lab, run)
+            if 'not_run' in result:
+                cell.update(status='not run', why=result['not_run'])
+            elif 'error' in result:
+                cell.update(status='failed', why=f"{result['error']} (log: {result['log']})")
+                progress.write(f"{run.system} {run.row} seed {run.seed}: {result['error']}; see {result['log']}")
+            else:
+                cell['seeds'][str(run.seed)] = result
+            progress.update(0 if run in finished else 1)
+    except SystemExit as e:
+        if e.code != 130:
+            raise
+        raise SystemExit(f"error: interrupted (Ctrl-C); the finished runs are kept in {lab.folder} (a cell.json "
+                         f"each) and a run stopped in training goes on from its checkpoint; run the same command "
+                         f"again to go on") from None
+    progress.close()
+
+
 # -----------------------------------------------------------------------------
-# the table: a cell per row and system, the mean ± half the range over seeds (a paper's table: ± the standard deviation)
-METRICS = {  # system: [(result key, label, digits)]; the first is the one its paper reports
-    'recall': [('val_acc', 'answer acc', 4)], 'text': [('val_loss', 'val loss', 4)],
-    'passkey': [('acc_1x', '1x', 3), ('acc_2x', '2x', 3), ('acc_4x', '4x', 3)], 'vit': [('val_acc', 'top-1', 4)],
-    'vit100': [('val_acc', 'top-1', 4)],
-    'pixels': [('bits_per_dim', 'bits/dim', 4), ('draw_images_per_s', 'images/s drawn', 3)],
-    'shortcut': [('val_loss', 'val loss', 4)],
-    'long': [('needles_1', '1 needle', 3), ('needles_2', '2 needles', 3), ('needles_4', '4 needles', 3)],
-}
-LOWER_IS_BETTER = ('val_loss', 'bits_per_dim')  # the other metrics: higher is better
-
-
-def spread(values, digits):
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{np.mean(values):.{digits}f} ± {(max(values) - min(values)) / 2:.{digits}f}"
-
-
-def wall_text(runs):
-    """The runs' mean wall time (training and scoring), and their median training speed."""
-    wall = np.mean([r['train_wall_s'] + r['score_wall_s'] for r in runs])
-    rate = f", {np.median([r['rate'] for r in runs]):,.0f} {runs[0]['rate_unit']}" if runs[0]['rate'] else ''
-    return f"{wall:,.0f} s{rate}"
-
-
-def cell_text(cell, system):
-    """A cell of table.md: its metrics (passkey's three lengths joined by /), then wall time and training speed."""
-    if cell['status'] != 'ok':
-        return cell['why'].replace('|', '/')
-    runs = list(cell['seeds'].values())
-    numbers = [spread([r['metrics'][key] for r in runs], digits) for key, _, digits in METRICS[system]]
-    text = ' / '.join(numbers) if system == 'passkey' else ' · '.join(numbers)
-    return f"{text}<br>{wall_text(runs)}"
-
-
-# a paper's table: each system's rows against its first, mean ± sample standard deviation
-
-def table_metrics(system):
-    """[(result key, label, digits)] a table shows for a system: the system's, analyze.py's where it asks, and its
-    zero-shot tasks at this budget."""
-    analysed = system in TABLES[table].get('analysis', ())
-    return METRICS[system] + (ANALYSIS if analysed else []) + [(f'task_{n}', n, 4) for n in tasks_of(system)]
+# the tables: a cell per row and system, the mean ± the sample standard deviation over seeds
+STATISTIC = "mean ± sample standard deviation (ddof=1) over the seeds"
 
 
 def mean_sd(values):
     """(mean, sample standard deviation (ddof=1); None for a single value)."""
     return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
-
-
-def difference(values, first):
-    """How a row's values (one per seed) compare with the first row's: +1 or -1 where the means differ by more than
-    twice the combined spread, |m - m₀| > 2·sqrt(s² + s₀²) with s, s₀ the sample standard deviations (ddof=1), 0
-    within it; None where either has a single value (no spread to compare with)."""
-    (m, s), (m0, s0) = mean_sd(values), mean_sd(first)
-    if s is None or s0 is None:
-        return None
-    return int(np.sign(m - m0)) if abs(m - m0) > 2 * math.sqrt(s * s + s0 * s0) else 0
 
 
 def values_of(cell, key):
@@ -700,6 +545,43 @@ def measured_text(values, digits, mark=''):
     return f"{m:.{digits}f}" + ('' if s is None else f" ± {s:.{digits}f}") + mark
 
 
+def wall_text(runs):
+    """The runs' mean wall time (training and scoring), and their median training speed."""
+    wall = np.mean([r['train_wall_s'] + r['score_wall_s'] for r in runs])
+    rate = f", {np.median([r['rate'] for r in runs]):,.0f} {runs[0]['rate_unit']}" if runs[0]['rate'] else ''
+    return f"{wall:,.0f} s{rate}"
+
+
+def cell_text(cell, system):
+    """A cell of the every-rule table.md: its metrics (joined as its system says), then wall time and speed."""
+    if cell['status'] != 'ok':
+        return cell['why'].replace('|', '/')
+    numbers = [measured_text(values_of(cell, m.key), m.digits) for m in SYSTEMS[system].metrics]
+    return f"{SYSTEMS[system].cell_join.join(numbers)}<br>{wall_text(list(cell['seeds'].values()))}"
+
+
+def table_metrics(spec, system, task_names):
+    """[Metric] a paper's table (a Table) shows for a system: the system's, analyze.py's where the table asks, and
+    its zero-shot tasks `task_names`."""
+    analysed = system in spec.analysis
+    return [*SYSTEMS[system].metrics, *(ANALYSIS if analysed else ()), *(Metric(f'task_{n}', n, 4) for n in task_names)]
+
+
+def metrics_of(lab, system):
+    """[Metric] the lab's table shows for a system."""
+    return table_metrics(lab.table, system, tasks_of(lab, system)) if lab.table else list(SYSTEMS[system].metrics)
+
+
+def difference(values, first):
+    """How a row's values (one per seed) compare with the first row's: +1 or -1 where the means differ by more than
+    twice the combined spread, |m - m₀| > 2·sqrt(s² + s₀²) with s, s₀ the sample standard deviations (ddof=1), 0
+    within it; None where either has a single value (no spread to compare with)."""
+    (m, s), (m0, s0) = mean_sd(values), mean_sd(first)
+    if s is None or s0 is None:
+        return None
+    return int(np.sign(m - m0)) if abs(m - m0) > 2 * math.sqrt(s * s + s0 * s0) else 0
+
+
 def count_text(x):
     """A count in three significant digits with k, M or G; n/a for None."""
     if x is None:
@@ -715,10 +597,10 @@ def table_line(row, cell, first, metrics):
     if cell['status'] != 'ok':
         return own + cell['why'].replace('|', '/') + ' |' * (len(metrics) + 3)
     numbers = []
-    for key, _, digits in metrics:
-        values, base = values_of(cell, key), values_of(first, key)
+    for metric in metrics:
+        values, base = values_of(cell, metric.key), values_of(first, metric.key)
         beyond = cell is not first and values is not None and base is not None and difference(values, base)
-        numbers.append(measured_text(values, digits, '*' if beyond else ''))
+        numbers.append(measured_text(values, metric.digits, '*' if beyond else ''))
     params = values_of(cell, 'params')
     flops = [values_of(cell, key) for key in ('flops_counted', 'flops_ideal')]
     return own + ' | '.join([*numbers, 'n/a' if params is None else f"{round(np.mean(params)):,}",
@@ -730,54 +612,72 @@ WAYS = {-1: 'lower beyond noise', 1: 'higher beyond noise', 0: 'within noise', N
         'none': 'no number'}
 
 
-def holds(system, row_names, cells, key, label):
-    """The line under a system's table: on its first metric, which rows differ from the first row beyond noise
+def holds(system, row_names, cells, metric):
+    """The line under a system's table: on `metric` (its first), which rows differ from the first row beyond noise
     (difference), and which way."""
-    first, better = row_names[0], 'lower' if key in LOWER_IS_BETTER else 'higher'
+    first, better = row_names[0], 'lower' if metric.lower_is_better else 'higher'
     if len(row_names) == 1:
-        return f"**{system}**, {label}: {first} alone, nothing to compare."
-    base, ways = values_of(cells[first][system], key), {}
+        return f"**{system}**, {metric.label}: {first} alone, nothing to compare."
+    base, ways = values_of(cells[first][system], metric.key), {}
     for row in row_names[1:]:
-        values = values_of(cells[row][system], key)
+        values = values_of(cells[row][system], metric.key)
         ways.setdefault('none' if base is None or values is None else difference(values, base), []).append(row)
     said = '; '.join(f"{WAYS[way]}: {', '.join(ways[way])}" for way in WAYS if way in ways)
-    return f"**{system}**, {label} ({better} is better), against {first}: {said}."
+    return f"**{system}**, {metric.label} ({better} is better), against {first}: {said}."
 
 
-def table_markdown(head, cells, rows_of, system_names):
+def head_line(head):
+    """The line above either table: budget, machine, torch, date, commit, seeds and recipe."""
+    return (f"machine {head['machine']}; torch {head['torch']}; date {head['date']}; commit {head['commit']}; seeds "
+            f"{head['seeds']}" + (f"; recipe `{head['recipe']}`" if head['recipe'] else '') + '.')
+
+
+def table_markdown(lab, head, cells):
     """table.md of a paper's table: per system, its rows against the first, and the line of what holds."""
-    lines = [f"Table `{table}`; budget `{head['budget']}`; machine {head['machine']}; torch {head['torch']}; date "
-             f"{head['date']}; commit {head['commit']}; seeds {head['seeds']}" +
-             (f"; recipe `{head['recipe']}`" if head['recipe'] else '') + '.', '',
-             "Each cell: mean ± sample standard deviation (ddof=1) over the seeds; `*`: the mean differs from the "
-             "first row's by more than twice the combined spread, |m - m₀| > 2·sqrt(s² + s₀²). Parameters: every "
-             "parameter of the model. Attention FLOPs per token and layer (mean over layers): counted on the path "
-             "that ran (FlopCounterMode) · the rule's ideal (support/flops.py)."]
-    for system in system_names:
-        metrics, shared = table_metrics(system), TABLES[table]['systems'][system]['shared']
-        lines += ['', f"### {system}: {SYSTEMS[system]}", '',
-                  f"Every row: {every_row(system, shared)}, then its own arguments.", '',
-                  '| rule | arguments | ' + ' | '.join(label for _, label, _ in metrics) +
+    lines = [f"Table `{lab.table_name}`; budget `{head['budget']}`; {head_line(head)}", '',
+             f"Each cell: {STATISTIC}; `*`: the mean differs from the first row's by more than twice the combined "
+             "spread, |m - m₀| > 2·sqrt(s² + s₀²). Parameters: every parameter of the model. Attention FLOPs per "
+             "token and layer (mean over layers): counted on the path that ran (FlopCounterMode) · the rule's ideal "
+             "(support/flops.py)."]
+    for system in lab.systems:
+        metrics, row_names = metrics_of(lab, system), lab.rows_of[system]
+        lines += ['', f"### {system}: {SYSTEMS[system].about}", '',
+                  f"Every row: {every_row(lab, system)}, then its own arguments.", '',
+                  '| rule | arguments | ' + ' | '.join(m.label for m in metrics) +
                   ' | parameters | attention FLOPs: counted · ideal | time, speed |',
                   '| --- | --- |' + ' --- |' * (len(metrics) + 3)]
-        first = cells[rows_of[system][0]][system]
-        lines += [table_line(row, cells[row][system], first, metrics) for row in rows_of[system]]
-        lines += ['', holds(system, rows_of[system], cells, *metrics[0][:2])]
+        first = cells[row_names[0]][system]
+        lines += [table_line(row, cells[row][system], first, metrics) for row in row_names]
+        lines += ['', holds(system, row_names, cells, metrics[0])]
     return '\n'.join(lines) + '\n'
 
 
-def every_row(system, shared):
-    """What every row of a system runs before its own arguments, as table.md says it: the long system's base, then
-    its extension from the base's checkpoint."""
-    text = f"`{' '.join(a for a in (system_args(system), shared) if a) or '(train.py defaults)'}`"
-    if system != 'long':
+def every_row(lab, system):
+    """What every row of a table's system runs before its own arguments, as table.md says it: a base that is a stage
+    of the row's own (the long system's), then the system's from the base's checkpoint."""
+    shared = lab.table.systems[system].shared
+    text = f"`{' '.join(a for a in (system_args(lab, system), shared) if a) or '(train.py defaults)'}`"
+    base, base_row = at(SYSTEMS[system].base, lab.budget), SYSTEMS[system].base_row
+    if not base or base_row:
         return text
-    base = f"`{' '.join(a for a in (system_args(long_base()), shared) if a)}`"
-    return (f"the base {base} ({'the text system' if long_base() == 'text' else 'passkeys of 1, 2 and 4 needles'}), "
-            f"then from its checkpoint {text}")
+    said = f"the {base} system" if SYSTEMS[base].column else SYSTEMS[base].about
+    return f"the base `{' '.join(a for a in (system_args(lab, base), shared) if a)}` ({said}), then from its " \
+           f"checkpoint {text}"
 
 
-def header(seed_list):
+def markdown(lab, head, cells):
+    """table.md of the every-rule table: each system's line, then a row per rule."""
+    lines = [f"Budget `{head['budget']}`; {head_line(head)}", '', f"Each cell: {STATISTIC}; then the runs' mean wall "
+             "time (training and scoring) and median training speed.", '']
+    lines += [f"- **{s}**: {SYSTEMS[s].about}. `{SYSTEMS[s].args[lab.budget] or '(train.py defaults)'}`"
+              for s in lab.systems]
+    lines += ['', '| rule | ' + ' | '.join(f"{s}: {', '.join(m.label for m in SYSTEMS[s].metrics)}"
+                                           for s in lab.systems) + ' |', '| --- |' + ' --- |' * len(lab.systems)]
+    lines += [f"| {row} | " + ' | '.join(cell_text(cells[row][s], s) for s in lab.systems) + ' |' for row in lab.rows]
+    return '\n'.join(lines) + '\n'
+
+
+def header(lab):
     """What table.md and table.json say above the table: the budget, machine, torch, date and commit."""
     import torch
     git = lambda *a: subprocess.run(['git', *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -785,27 +685,15 @@ def header(seed_list):
     if git('status', '--porcelain', '--untracked-files=no'):
         commit += ' with uncommitted changes'
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'
-    return {'budget': budget, 'machine': f"{platform.machine()}, {os.cpu_count()} cores, {device}",
+    return {'budget': lab.budget, 'machine': f"{platform.machine()}, {os.cpu_count()} cores, {device}",
             'torch': torch.__version__, 'date': datetime.date.today().isoformat(), 'commit': commit,
-            'seeds': ','.join(map(str, seed_list)), 'recipe': recipe, **({'table': table} if table else {})}
+            'seeds': ','.join(map(str, lab.seeds)), 'recipe': lab.recipe,
+            **({'table': lab.table_name} if lab.table else {})}
 
 
-def markdown(head, cells, row_names, system_names):
-    lines = [f"Budget `{head['budget']}`; machine {head['machine']}; torch {head['torch']}; date {head['date']}; "
-             f"commit {head['commit']}; seeds {head['seeds']}" + (f"; recipe `{head['recipe']}`" if head['recipe']
-                                                                   else '') + '.', '']
-    lines += [f"- **{s}**: {SYSTEMS[s]}. `{BUDGETS[budget][s] or '(train.py defaults)'}`" for s in system_names]
-    lines += ['', '| rule | ' + ' | '.join(f"{s}: {', '.join(label for _, label, _ in METRICS[s])}"
-                                           for s in system_names) + ' |',
-              '| --- |' + ' --- |' * len(system_names)]
-    for row in row_names:
-        lines.append(f"| {row} | " + ' | '.join(cell_text(cells[row][s], s) for s in system_names) + ' |')
-    return '\n'.join(lines) + '\n'
-
-
-def plots(cells, rows_of, system_names, metrics_of, folder):
-    """A PNG per system and metric in `folder`, the rows side by side (mean over seeds); None where matplotlib is
-    missing."""
+def plots(lab, cells):
+    """A PNG per system and metric in the lab's folder, the rows side by side (mean over seeds); None where
+    matplotlib is missing."""
     try:
         import matplotlib
     except ImportError:
@@ -813,100 +701,72 @@ def plots(cells, rows_of, system_names, metrics_of, folder):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     written = []
-    for system in system_names:
-        for key, label, digits in metrics_of(system):
-            names = [r for r in rows_of[system] if values_of(cells[r][system], key) is not None]
+    for system in lab.systems:
+        row_names = lab.rows_of[system]
+        for metric in metrics_of(lab, system):
+            names = [r for r in row_names if values_of(cells[r][system], metric.key) is not None]
             if not names:
                 continue
-            values = [np.mean(values_of(cells[r][system], key)) for r in names]
+            values = [np.mean(values_of(cells[r][system], metric.key)) for r in names]
             fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(names), 3.2))
-            bars = ax.bar(names, values, color=[f'C{rows_of[system].index(r)}' for r in names])
-            ax.bar_label(bars, fmt=f'%.{digits}f', fontsize=7)
-            if key in LOWER_IS_BETTER:  # a loss: the differences, not the distance from zero
+            bars = ax.bar(names, values, color=[f'C{row_names.index(r)}' for r in names])
+            ax.bar_label(bars, fmt=f'%.{metric.digits}f', fontsize=7)
+            if metric.lower_is_better:  # a loss: the differences, not the distance from zero
                 ax.set_ylim(0.98 * min(values), 1.01 * max(values))
-            ax.set_title(f"{system}: {label} (budget {budget})", fontsize=9)
+            ax.set_title(f"{system}: {metric.label} (budget {lab.budget})", fontsize=9)
             ax.tick_params(axis='x', labelrotation=45, labelsize=8)
             fig.tight_layout()
-            path = os.path.join(folder, f"{system}_{key}.png")
-            write_or_exit(path, lambda tmp: fig.savefig(tmp, dpi=80, format='png'), f"the runs, table.md and "
-                          f"table.json are kept in {folder}", "free space, then run again with --train=False")
+            path = os.path.join(lab.folder, f"{system}_{metric.key}.png")
+            write_or_exit(path, lambda tmp: fig.savefig(tmp, dpi=80, format='png'),
+                          f"the runs, table.md and table.json are kept in {lab.folder}",
+                          "free space, then run again with --train_missing=False")
             plt.close(fig)
             written.append(path)
     return written
 
 
-def main():
-    row_names, system_names, seed_list = check_or_exit(check_lab_settings, script_settings(globals()),
-                                                       overridden)  # before any work
-    folder = os.path.join(out_root, table) if table else out_root  # the runs, the table and its figures
-    if table:  # each system's rows in the table's order, and their arguments at this budget
-        rows_of = {s: [r for r in TABLES[table]['systems'][s]['rows'] if r in row_names] for s in system_names}
-        arguments_of = {s: table_rows(table, s) for s in system_names}
-    else:
-        every = rows()
-        rows_of = {s: row_names for s in system_names}
-        arguments_of = {s: {r: row_arguments(every[r], s) for r in row_names} for s in system_names}
+def write_tables(lab, cells):
+    """The table printed, then written: table.md, table.json and its figures."""
+    head = header(lab)
+    text = table_markdown(lab, head, cells) if lab.table else markdown(lab, head, cells)
+    print('\n' + text)
+    kept = f"the runs are kept in {lab.folder} and the table is printed above"
+    todo = "free space (or fix the folder's permissions), then run again with --train_missing=False to write them"
+    write_or_exit(os.path.join(lab.folder, 'table.md'), lambda tmp: write_text(tmp, text), kept, todo)
+    record = {**head, 'systems': {s: {'metric': SYSTEMS[s].about, 'budget_args': system_args(lab, s),
+                                      **({'shared': lab.table.systems[s].shared} if lab.table else {})}
+                                  for s in lab.systems}, 'rows': cells}
+    write_or_exit(os.path.join(lab.folder, 'table.json'), lambda tmp: write_text(tmp, json.dumps(record, indent=1)),
+                  f"{kept}, table.md is written", todo)
+    figures = plots(lab, cells)
+    print(f"wrote {lab.folder}/table.md, table.json" + (f" and {len(figures)} figures" if figures else
+                                                        " (no figures: pip install matplotlib for them)"))
+
+
+def take_folder(lab):
+    """The lab's folder made and locked: one table at a time in it; Ctrl-C ends in one line."""
     try:
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(lab.folder, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: cannot make out_root={out_root} ({e.strerror}); nothing was trained yet; pass "
+        raise SystemExit(f"error: cannot make out_root={lab.out_root} ({e.strerror}); nothing was trained yet; pass "
                          f"--out_root=DIR you can write to") from None
-    lab = RunDir(folder, master=False)  # one table at a time in its folder; Ctrl-C ends in one line
     try:
-        lab.take_lock()
+        RunDir(lab.folder, master=False).take_lock()
     except SystemExit as e:
         raise SystemExit(str(e.code).replace('out_dir', 'out_root')) from None
-    cells, todo = {}, []
-    for system in system_names:
-        for row in rows_of[system]:
-            arguments = arguments_of[system][row]
-            cells.setdefault(row, {})[system] = {'args': arguments, 'seeds': {}, 'status': 'ok'}
-            if table:  # the row's own, beside the settings every row of the system shares
-                cells[row][system]['own'] = own_rows(table, system)[row]
-            if arguments.startswith('n/a'):
-                cells[row][system].update(status='n/a', why=arguments)
-            else:
-                todo += [(row, system, seed) for seed in seed_list]
-    finished = {run for run in todo if os.path.exists(os.path.join(run_dir(*run), 'cell.json'))}
-    progress = tqdm(total=len(todo), initial=len(finished), unit='run', dynamic_ncols=True)  # its ETA: runs to go
-    try:
-        for row, system, seed in todo:
-            cell, result = cells[row][system], cell_run(row, system, seed, cells[row][system]['args'])
-            if 'not_run' in result:
-                cell.update(status='not run', why=result['not_run'])
-            elif 'error' in result:
-                cell.update(status='failed', why=f"{result['error']} (log: {result['log']})")
-                progress.write(f"{system} {row} seed {seed}: {result['error']}; see {result['log']}")
-            else:
-                cell['seeds'][str(seed)] = result
-            progress.update(0 if (row, system, seed) in finished else 1)
-    except SystemExit as e:
-        if e.code != 130:
-            raise
-        raise SystemExit(f"error: interrupted (Ctrl-C); the finished runs are kept in {folder} (a cell.json "
-                         f"each) and a run stopped in training goes on from its checkpoint; run the same command "
-                         f"again to go on") from None
-    progress.close()
-    head = header(seed_list)
-    text = (table_markdown(head, cells, rows_of, system_names) if table else
-            markdown(head, cells, row_names, system_names))
-    print('\n' + text)
-    kept = f"the runs are kept in {folder} and the table is printed above"
-    todo_line = "free space (or fix the folder's permissions), then run again with --train=False to write them"
-    write_or_exit(os.path.join(folder, 'table.md'), lambda tmp: write_text(tmp, text), kept, todo_line)
-    record = {**head, 'systems': {s: {'metric': SYSTEMS[s], 'budget_args': system_args(s),
-                                      **({'shared': TABLES[table]['systems'][s]['shared']} if table else {})}
-                                  for s in system_names}, 'rows': cells}
-    write_or_exit(os.path.join(folder, 'table.json'), lambda tmp: write_text(tmp, json.dumps(record, indent=1)),
-                  f"{kept}, table.md is written", todo_line)
-    figures = plots(cells, rows_of, system_names, table_metrics if table else METRICS.get, folder)
-    print(f"wrote {folder}/table.md, table.json" + (f" and {len(figures)} figures" if figures else
-                                                    " (no figures: pip install matplotlib for them)"))
-    failed = [f"{s} {r}" for r in row_names for s in system_names if r in rows_of[s] and
+
+
+def main():
+    lab = check_or_exit(lab_settings, script_settings(globals()), overridden)  # before any work
+    take_folder(lab)
+    cells, todo = planned_cells(lab)
+    run_cells(lab, cells, todo)
+    write_tables(lab, cells)
+    failed = [f"{s} {r}" for r in lab.rows for s in lab.systems if r in lab.rows_of[s] and
               cells[r][s]['status'] == 'failed']
     if failed:
         raise SystemExit(f"error: {len(failed)} cell(s) failed ({', '.join(failed)}); each says why in the table; "
-                         f"the other runs are kept in {folder}; fix the cause, then run the same command again")
+                         f"the other runs are kept in {lab.folder}; fix the cause, then run the same command again")
 
 
 if __name__ == '__main__':

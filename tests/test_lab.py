@@ -21,7 +21,7 @@ import torch
 from conftest import ROOT, SHARED, needs_shared, readme_rule_source, run_forked, run_script
 from model import GPT, GPTConfig
 
-TINY = ['--budget=tiny', '--systems=recall,passkey', '--rules=softmax,krause']
+TINY = ['--budget=tiny', '--systems=recall,passkey', '--rows=softmax,krause']
 
 
 def metrics(out_root):
@@ -79,7 +79,7 @@ def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp
     shutil.copy(ROOT / 'tests' / 'faults.py', repo / 'tests')
     out_root = tmp_path / 'lab'
     (_, out), = run_forked({'argv': ['studies/ablate.py', '--budget=tiny', '--systems=recall,vit',
-                                     '--rules=uniform,krause', '--recipe=--krause_topk=0', f'--out_root={out_root}']},
+                                     '--rows=uniform,krause', '--recipe=--krause_topk=0', f'--out_root={out_root}']},
                            root=repo)
     cells, table = metrics(out_root)
     assert 0.0 <= cells[('uniform', 'recall')]['1337']['val_acc'] <= 1.0, out
@@ -93,13 +93,13 @@ def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp
     assert out.strip().splitlines()[-1].startswith('error: 2 cell(s) failed (recall krause, vit krause)')
 
 
-def test_a_cell_of_two_seeds_is_the_mean_and_half_the_range(monkeypatch):
+def test_a_cell_of_two_seeds_is_the_mean_and_the_sample_standard_deviation(monkeypatch):
     monkeypatch.setattr(sys, 'argv', ['ablate.py'])
     from studies import ablate
     run = lambda acc, wall: {'metrics': {'val_acc': acc}, 'train_wall_s': wall, 'score_wall_s': 1.0, 'rate': 100.0,
                              'rate_unit': 'tok/s'}
     cell = {'status': 'ok', 'seeds': {'1337': run(0.4, 9.0), '1338': run(0.6, 19.0)}}
-    assert ablate.cell_text(cell, 'recall') == '0.5000 ± 0.1000<br>15 s, 100 tok/s'
+    assert ablate.cell_text(cell, 'recall') == '0.5000 ± 0.1414<br>15 s, 100 tok/s'  # sqrt(2 · 0.1² / 1), ddof=1
     passkey = {'status': 'ok', 'seeds': {'1': {**run(0, 1.0), 'metrics': {'acc_1x': 1.0, 'acc_2x': 0.5, 'acc_4x': 0.0}}}}
     assert ablate.cell_text(passkey, 'passkey') == '1.000 / 0.500 / 0.000<br>2 s, 100 tok/s'
     assert ablate.cell_text({'status': 'n/a', 'why': 'n/a: a | b'}, 'vit') == 'n/a: a / b'  # a table cell stays one
@@ -109,13 +109,13 @@ def test_a_cell_of_two_seeds_is_the_mean_and_half_the_range(monkeypatch):
 # the papers' tables (--table): equal terms, each cell's parameters and FLOPs, seeds and what holds
 
 
-def tiny_text_table(tmp_path, name, rules):
+def tiny_text_table(tmp_path, name, row_names):
     """(out_root, table.json's rows, the output) of table `name`'s text system at the tiny budget, on a text the test
     writes."""
     source = tmp_path / 'input.txt'
     source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', f'--table={name}', '--systems=text', f'--rules={rules}', '--budget=tiny',
+    out = run_script('studies/ablate.py', f'--table={name}', '--systems=text', f'--rows={row_names}', '--budget=tiny',
                      f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
     return lab, json.loads((lab / name / 'table.json').read_text())['rows'], out
 
@@ -171,7 +171,6 @@ def test_the_flops_counted_for_softmax_equal_its_closed_form():
 def test_a_paper_table_marks_a_difference_beyond_twice_the_combined_spread(monkeypatch):
     monkeypatch.setattr(sys, 'argv', ['ablate.py'])
     from studies import ablate
-    monkeypatch.setattr(ablate, 'table', 'krause_lm')  # its text system: val loss, parameters, FLOPs
     run = lambda loss: {'metrics': {'val_loss': loss, 'params': 801664, 'flops_counted': 4096.0,
                                     'flops_ideal': 2112.0}, 'train_wall_s': 9.0, 'score_wall_s': 1.0, 'rate': 100.0,
                         'rate_unit': 'tok/s'}
@@ -182,14 +181,14 @@ def test_a_paper_table_marks_a_difference_beyond_twice_the_combined_spread(monke
              'topk': cell(1.0, 1.2, 1.4),      # 1.2 ± 0.2: |1.2 - 1.1| = 0.1 < 2·sqrt(0.1² + 0.2²) = 0.45
              'routing': cell(1.5, 1.6, 1.7),   # 1.6 ± 0.1: higher beyond noise
              'krause': cell(1.05)}             # one seed: no spread to compare with
-    metrics, first = ablate.table_metrics('text'), cells['softmax']['text']
+    metrics, first = ablate.table_metrics(ablate.TABLES['krause_lm'], 'text', []), cells['softmax']['text']  # val loss
     line = lambda row: ablate.table_line(row, cells[row]['text'], first, metrics)
     assert line('softmax') == '| softmax | `--attention=x` | 1.1000 ± 0.1000 | 801,664 | 4.1k · 2.11k | 10 s, 100 tok/s |'
     assert line('window').startswith('| window | `--attention=x` | 0.6000 ± 0.1000* | 801,664 |')
     assert line('topk').startswith('| topk | `--attention=x` | 1.2000 ± 0.2000 | 801,664 |')
     assert line('routing').startswith('| routing | `--attention=x` | 1.6000 ± 0.1000* |')
     assert line('krause').startswith('| krause | `--attention=x` | 1.0500 | 801,664 |')
-    assert ablate.holds('text', list(cells), cells, 'val_loss', 'val loss') == (
+    assert ablate.holds('text', list(cells), cells, metrics[0]) == (
         "**text**, val loss (lower is better), against softmax: lower beyond noise: window; higher beyond noise: "
         "routing; within noise: topk; one seed, not told from noise: krause.")
     failed = {'status': 'failed', 'own': '--attention=x', 'why': 'error: a | b'}
@@ -201,10 +200,10 @@ def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_r
     cases = [(['--table=nope'], "error: table='nope' is not a table; pass --table=NAME, one of tda, krause_lm, "
                                 "krause_vision, krause_images, krause_llm, attentionx, cluster, or leave it out for "
                                 "every rule on every system"),
-             (['--table=tda', '--rules=softmax,window'], "error: rules: unknown name(s) window (not in table tda); "
-              "pass e.g. --rules=softmax,gated (valid: softmax, gated, entmax, rela, diff, dex, tda, tda_matched, tra)"),
-             (['--table=attentionx', '--systems=vit', '--rules=softmax'], "error: rules: unknown name(s) softmax (not "
-              "in table attentionx); pass e.g. --rules=lsa,attentionx (valid: lsa, attentionx)"),
+             (['--table=tda', '--rows=softmax,window'], "error: rows: unknown name(s) window (not in table tda); "
+              "pass e.g. --rows=softmax,gated (valid: softmax, gated, entmax, rela, diff, dex, tda, tda_matched, tra)"),
+             (['--table=attentionx', '--systems=vit', '--rows=softmax'], "error: rows: unknown name(s) softmax (not "
+              "in table attentionx); pass e.g. --rows=lsa,attentionx (valid: lsa, attentionx)"),
              (['--table=tda', '--systems=vit'], "error: systems: unknown name(s) vit (not in table tda); pass e.g. "
                                                 "--systems=text,long (valid: text, long)"),
              (['--tasks=hellaswag'], "error: tasks=hellaswag scores a table's language models, and no table is picked; "
@@ -246,7 +245,7 @@ def test_the_long_system_extends_its_base_to_four_times_its_length_with_ntk_rope
     """The tda table's long system: a base trained on passkeys of 1, 2 and 4 needles at T, then from its checkpoint
     at 4T with NTK-scaled RoPE; its cell is extrapolate.py's whole-passkey accuracy at 4T per needle count."""
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=tda', '--systems=long', '--rules=softmax', '--budget=tiny',
+    out = run_script('studies/ablate.py', '--table=tda', '--systems=long', '--rows=softmax', '--budget=tiny',
                      f'--out_root={lab}')
     table = json.loads((lab / 'tda' / 'table.json').read_text())
     assert table['rows']['softmax']['long']['status'] == 'ok', out
@@ -279,7 +278,7 @@ def test_a_tables_zero_shot_task_is_a_column_scored_by_the_harness(tmp_path):
     source.write_text((SHARED / 'tinyshakespeare' / 'input.txt').read_text()[:20000])
     rows.write_text(''.join((SHARED / 'hellaswag' / 'hellaswag_val_1000.jsonl').read_text().splitlines(True)[:6]))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rules=softmax', '--budget=tiny',
+    out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rows=softmax', '--budget=tiny',
                      f'--text_source={source}', f'--out_root={lab}', '--tasks=hellaswag_nanogpt',
                      f'--recipe=--dataset=shakespeare --block_size=256 --data_dir={tmp_path / "bpe"}',  # uncropped
                      f'--harness_args=--hellaswag_source={rows}')
