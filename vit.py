@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import AttentionConfig
+from rules import AttentionConfig
 from machinery.masks import build_flex_masks
 from model import GPT, Block, LayerNorm, configure_adamw, init_rules
 

@@ -5,7 +5,7 @@ seed paper's comparison (--table=NAME), its rows on equal terms, with one comman
 $ python studies/ablate.py --budget=cpu --text_source=input.txt --cifar_source=DIR    # the whole table on a CPU
 $ python studies/ablate.py --budget=tiny --systems=recall,passkey --rules=softmax,krause  # seconds a run
 
-Rows (ROWS): every rule in attention.ATTENTION with its official settings per system (a rule registered there and
+Rows (ROWS): every rule in rules.ATTENTION with its official settings per system (a rule registered there and
 not named in ROWS runs with its defaults), the mix form (Krause beside softmax) and the sliding-window softmax
 baseline. Columns (SYSTEMS): the systems, each scored with the metric its paper reports. A budget (BUDGETS) is each
 system's train.py arguments: tiny (seconds a run: the tests), cpu (the whole table in under two hours on 2 cores),
@@ -56,7 +56,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from attention import ATTENTION
+from rules import ATTENTION
 from prepare import ROOT
 from support.atomic import write_atomically, write_or_exit, write_text
 from support.rundir import RunDir

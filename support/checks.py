@@ -12,7 +12,7 @@ from dataclasses import fields
 
 import torch
 
-from attention import check_attention_name
+from rules import check_attention_name
 from model import GPTConfig
 from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, check_init_from

@@ -18,9 +18,8 @@ import json
 import os
 from dataclasses import asdict, fields
 
-import torch
-
-from attention import AttentionConfig, FrameConfig, SoftmaxConfig
+from attention import FrameConfig, SoftmaxConfig
+from rules import AttentionConfig
 from model import GPT, target_names
 from prepare import DATASETS, dataset_kind
 from support.loading import load_run

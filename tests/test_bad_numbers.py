@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from conftest import ROOT, run_forked
 from model import GPTConfig
 from support.checks import BIDIRECTIONAL_ONLY, CAUSAL_ONLY, form_keys

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import ATTENTION, MixAttention
+from rules import ATTENTION, MixAttention
 from conftest import SHARED, iter_losses, needs_shared, rule_cases, run_forked, run_script, write_tiny_cifar
 from model import LoRALinear, merge_lora, trainable
 from model import GPT, GPTConfig
