@@ -1,6 +1,6 @@
 """
 A Vision Transformer for 32x32 images (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words"), built from the
-GPT's own Block (model.py) with causal=False, so every attention rule in attention.py runs on images unchanged.
+GPT's own Block (model.py) with causal=False, so every attention rule (attention.py, rules/) runs on images unchanged.
 Pieces as in timm's vision_transformer.py: conv patch embedding, CLS token, learned position embedding,
 drop-path linear over depth (in Block), final LayerNorm, linear head on the CLS token.
 """

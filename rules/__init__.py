@@ -2,7 +2,8 @@
 The registry: `attention=<key>` in a config picks the class ATTENTION names, and build_attention(config, layer_idx)
 builds one layer of it (with mix=True, a softmax branch beside it: rules/mix.py). Softmax and the frame every rule
 fits are in attention.py; every other rule is one file here, named by its key, its keys a dataclass beside it.
-Adding a rule: one file here and one line in ATTENTION; its keys join AttentionConfig by themselves (its `Config`).
+Adding a rule: one file here, its import and one line in ATTENTION; its keys join AttentionConfig by themselves
+(the class's `Config`).
 """
 from dataclasses import dataclass
 

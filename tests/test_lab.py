@@ -69,12 +69,12 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
 
 
 def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp_path):
-    # a copy of the code with README's example rule registered at the end of attention.py, the lab's code unchanged;
+    # a copy of the code with README's example rule registered at the end of the registry, the lab's code unchanged;
     # its runs forked from a process that imported the copy's modules (its tests/faults.py)
     repo = tmp_path / 'repo'
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns('.git', 'data', 'docs', 'out*', '__pycache__', 'tests'))
-    with open(repo / 'attention.py', 'a') as f:
-        f.write('\n\n' + readme_rule_source())
+    with open(repo / 'rules' / '__init__.py', 'a') as f:
+        f.write('\n\nimport torch\nfrom attention import Attention\n' + readme_rule_source())
     (repo / 'tests').mkdir()
     shutil.copy(ROOT / 'tests' / 'faults.py', repo / 'tests')
     out_root = tmp_path / 'lab'
