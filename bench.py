@@ -9,7 +9,7 @@ $ python bench.py --attention=krause --krause_window=256 --krause_topk=192 --seq
       --dense=True --json=True
 $ python bench.py --attention=topk,linear,longformer --seq_lens=1024,8192   # several, each beside softmax
 
-Every attention config key (attention.AttentionConfig) is a flag. --flex=True times the
+Every attention config key (rules.AttentionConfig) is a flag. --flex=True times the
 flex_attention path (forward only on CPU, where flex has no backward); --dense=True also times a
 rule's dense O(T²) form (`attend_dense`) where it has one. --mode=model times a whole GPT train step
 (tokens/s) instead. Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's
@@ -39,13 +39,12 @@ $ python bench.py --mode=pixels --attention=krause --krause_window=256 --krause_
 """
 import ctypes
 import json
-import os
 import sys
 import time
 
 import torch
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from model import GPT, GPTConfig
 from prepare import ROOT
 from support.checks import (check_device, check_dtype, check_fits, check_int_list, check_or_exit,

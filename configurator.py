@@ -67,11 +67,12 @@ def _number(key, value, default, where):
 
 def _comments():
     """{key: the comment beside its first assignment}, read from the script's source, then from the sources of the
-    repo modules it imported (the model dataclasses' keys: `window: int = 0  # ...`)."""
+    repo modules it imported, top level and rules/ (the model dataclasses' keys: `window: int = 0  # ...`)."""
     import io, os, sys, tokenize
     here = os.path.dirname(os.path.abspath(__file__))
     modules = (getattr(m, '__file__', None) or '' for m in list(sys.modules.values()))
-    files = [os.path.abspath(__file__)] + sorted(f for f in modules if os.path.isabs(f) and os.path.dirname(f) == here)
+    homes = (here, os.path.join(here, 'rules'))  # the top-level modules, and each rule's file (its keys)
+    files = [os.path.abspath(__file__)] + sorted(f for f in modules if os.path.isabs(f) and os.path.dirname(f) in homes)
     comments = {}
     for path in files:
         line_start = {}  # line number -> the name that starts it, when it is `name =` or `name: type =`

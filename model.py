@@ -1,5 +1,5 @@
 """
-A GPT language model whose attention rule is one config key (`attention`, a key of attention.ATTENTION).
+A GPT language model whose attention rule is one config key (`attention`, a key of rules.ATTENTION).
 Follows nanoGPT's model.py: pre-norm Blocks, GELU MLP, learned or rotary positions, tied or untied head.
 The same Block serves the ViT (vit.py) with causal=False.
 """
@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import Attention, AttentionConfig, MixAttention, build_attention
+from attention import Attention
+from rules import AttentionConfig, MixAttention, build_attention
 from machinery.caches import CacheGroup
 from machinery.masks import build_flex_masks
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from attention import AttentionConfig
+from rules import AttentionConfig
 from support.loading import load_checkpoint
 from support.resume import check_resumable, restore_rng_states, rng_states
 from support.rundir import RunDir
@@ -70,7 +70,7 @@ n_head = 4                  # attention heads; must divide n_embd
 n_embd = 128                # model width
 dropout = 0.0               # dropout probability everywhere in the model; in [0, 1)
 bias = False
-attention = 'softmax'       # a key of attention.ATTENTION
+attention = 'softmax'       # a key of rules.ATTENTION
 flex = False                # flex_attention path on CUDA
 pos_emb = 'learned'         # 'learned', 'rope' or 'none' (causality alone orders the tokens)
 mlp_hidden = 0              # 0 means 4 * n_embd

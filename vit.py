@@ -1,6 +1,6 @@
 """
 A Vision Transformer for 32x32 images (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words"), built from the
-GPT's own Block (model.py) with causal=False, so every attention rule in attention.py runs on images unchanged.
+GPT's own Block (model.py) with causal=False, so every attention rule (attention.py, rules/) runs on images unchanged.
 Pieces as in timm's vision_transformer.py: conv patch embedding, CLS token, learned position embedding,
 drop-path linear over depth (in Block), final LayerNorm, linear head on the CLS token.
 """
@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import AttentionConfig
+from rules import AttentionConfig
 from machinery.masks import build_flex_masks
 from model import GPT, Block, LayerNorm, configure_adamw, init_rules
 

@@ -2,7 +2,7 @@
 Generation: what one layer keeps between tokens. KVCache holds keys and values (every one, or a ring of the last
 W); CacheGroup advances several together (a two-branch rule's branches, a model's layers); decode_sdpa is one
 query against what a cache holds. A rule whose state is not keys and values keeps its own object beside its attend
-(attention.py's ClusterCache): it needs `pos` and `nbytes()`.
+(rules/cluster.py's ClusterCache): it needs `pos` and `nbytes()`.
 """
 import torch
 import torch.nn.functional as F

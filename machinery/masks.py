@@ -1,5 +1,5 @@
 """
-A named mask_mod (attention.py opens with them: which key j a query i may see) made into what a kernel takes: a
+A named mask_mod (attention.py names them: which key j a query i may see) made into what a kernel takes: a
 flex BlockMask (block_mask), a dense (T, T) bool for SDPA or a softmax (dense_mask), the band's tiles (band_mask).
 Each is built once per mask and shape, and cached: one mask is one object. Then running flex_attention.
 """

@@ -8,7 +8,7 @@ $ python studies/ablate.py --budget=tiny --systems=recall,passkey --rows=softmax
 The lab is data: the systems (the columns) in studies/systems.py, each one System: its train.py arguments at each
 budget (tiny: seconds a run, the tests; cpu: the whole table in under two hours on 2 cores; paper: the seed papers'
 configs, a GPU's job), the metric its paper reports and which way is better, how a run is scored, its data and the
-run it starts from. The rows in studies/tables.py: ROWS, every rule in attention.ATTENTION with its official settings
+run it starts from. The rows in studies/tables.py: ROWS, every rule in rules.ATTENTION with its official settings
 per system (a rule registered there and not named in ROWS runs with its defaults), the mix form (Krause beside
 softmax) and the sliding-window softmax baseline; and TABLES, the papers' tables. --recipe adds train.py arguments
 to every run. Adding a system: one System in SYSTEMS (its arguments per budget, its metrics; `passkeys` where it is
@@ -63,7 +63,7 @@ from tqdm import tqdm
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from attention import ATTENTION
+from rules import ATTENTION
 from prepare import ROOT
 from prepare.atomic import write_atomically, write_or_exit, write_text
 from studies.systems import BUDGETS, SYSTEMS, Metric, at

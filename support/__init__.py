@@ -13,5 +13,5 @@ What train.py and the scripts share, written once; nothing here is needed to rea
   pixels.py      the pixel model: drawing, timing and saving its images (sample.py, bench.py)
   hellaswag.py   HellaSwag acc_norm, build-nanogpt's way (train.py --hellaswag=True)
 
-Support modules import the model files (model.py, vit.py, attention.py) and prepare/; never a script of studies/.
+Support modules import the model files (model.py, vit.py, attention.py, rules/) and prepare/; never a script of studies/.
 """

@@ -19,7 +19,7 @@ from dataclasses import fields
 
 import torch
 
-from attention import check_attention_name
+from rules import check_attention_name, check_keys_read
 from model import GPTConfig
 from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, check_init_from
@@ -84,6 +84,7 @@ def check_train_config(config, world_size=1, set_keys=()):
     check_dataset_name(c['dataset'])
     kind = dataset_kind(c['dataset'])
     check_model_form(c, kind, set_keys)
+    check_keys_read(c, set_keys)
     if not c['out_dir']:
         raise ValueError("out_dir is empty; pass --out_dir=DIR (ckpt.pt and log.jsonl go there)")
     if os.path.exists(c['out_dir']) and not os.path.isdir(c['out_dir']):

@@ -6,7 +6,7 @@ Attention FLOPs per token: what a rule's path computes, counted by PyTorch, besi
            divided by T. It counts matrix products only, 2 FLOPs a multiply-add (softmax, exp, norms and other
            elementwise work are not counted), and an SDPA call as the whole T×T product whatever its mask (PyTorch's
            formula, here also for the CPU's kernel). The projections (c_attn, c_proj) are not in it.
-  ideal    the products the rule's formula needs, by the same convention, in closed form (`ideal_flops`): per head
+  ideal    the products the rule's formula needs, by the same convention, in closed form (attn.ideal_flops): per head
            and query i, 2·D for each key it scores and 2·D for each value it sums, plus the rule's own maps. With C =
            H·D the width, n_i the keys query i sees and n̄ their mean over the T queries ((T+1)/2 causal, T
            bidirectional, T-1 with the diagonal masked, mean min(i+1, W) for a window of W, counted from the rule's
@@ -27,15 +27,11 @@ Attention FLOPs per token: what a rule's path computes, counted by PyTorch, besi
              mix                   the softmax branch's + the rule's
   The ideal leaves out what the counted leaves out (norms, Krause's ||k||², linear's φ(q)·z). A band or chunked path
   computes more than its ideal (whole tiles of keys), and SDPA is counted whole (a causal call as T×T): both show.
-  A rule with no closed form here gets None.
+  Each rule writes its own beside its formula (`ideal_flops(T)`: the frame's default raises, so a rule without one
+  fails tests/test_frame.py), using attention.visible_keys for n_i.
 """
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
-
-from attention import (ClusterAttention, DEXAttention, DiffAttention, EntmaxAttention, KrauseAttention,
-                       LinearAttention, LongformerAttention, MixAttention, ReLAAttention, RoutingAttention,
-                       SoftmaxAttention, ThresholdDifferentialAttention, TopkAttention)
-from machinery.masks import dense_mask
 
 
 def cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
@@ -58,55 +54,11 @@ def counted_flops(attn, T, device='cpu'):
     return counter.get_total_flops() / T
 
 
-def visible_keys(attn, T):
-    """(T,) the keys each query sees: from the rule's mask_mod where it has one, else all earlier (causal) or all."""
-    mask_mod = getattr(attn, 'mask_mod', None)
-    if mask_mod is not None:
-        return dense_mask(mask_mod, T, 'cpu').sum(-1).double()
-    return torch.arange(1, T + 1, dtype=torch.float64) if attn.causal else torch.full((T,), float(T),
-                                                                                       dtype=torch.float64)
-
-
-def ideal_flops(attn, T):
-    """FLOPs per token of one layer's formula at T tokens, in closed form (the module's docstring); None for a rule
-    with no closed form here."""
-    if isinstance(attn, MixAttention):
-        rule = ideal_flops(attn.rule, T)
-        return None if rule is None else ideal_flops(attn.softmax, T) + rule
-    H, D = attn.n_head, attn.head_dim
-    C = H * D
-    if isinstance(attn, LinearAttention):
-        return 4 * C * D
-    if isinstance(attn, ClusterAttention):
-        m = attn.seeds.size(1)
-        if not attn.causal:
-            return H * (4 * D * m + 2 * D * m * (1 + 2 * attn.iters) + 2 * m * (2 * D + 1) + 4 * D * attn.self_term)
-        L = min(attn.chunk, T)
-        i = torch.arange(T, dtype=torch.float64)
-        within, summaries = (i % L + 1).mean().item(), m * (i >= L).double().mean().item()
-        return H * (4 * D * (within + summaries) + 2 * D * m + 2 * m * (2 * D + 1))
-    n = visible_keys(attn, T)
-    if isinstance(attn, (TopkAttention, KrauseAttention)):
-        return 2 * C * n.mean().item() + 2 * C * n.clamp_max(attn.topk).mean().item()
-    if isinstance(attn, ThresholdDifferentialAttention):
-        views = 2 if attn.differential else 1  # each scores d = view_dim of D per key (matched: the halves, D/2)
-        return (2 * views * attn.view_dim / attn.head_dim + 2) * C * n.mean().item()
-    if isinstance(attn, RoutingAttention):
-        return 4 * C * n.mean().item() + 2 * D * attn.centroids.size(1) * attn.n_route
-    if isinstance(attn, DEXAttention):
-        return 4 * C * n.mean().item() + 2 * D * D * (H - attn.first_head)
-    if isinstance(attn, (SoftmaxAttention, EntmaxAttention, ReLAAttention, DiffAttention, LongformerAttention)):
-        return 4 * C * n.mean().item()  # softmax's products on the rule's mask (gated, ssmax, attentionx, lsa too)
-    return None  # no closed form here for this rule
-
-
 def attention_flops(model, T=None, device='cpu'):
     """{'counted', 'ideal'}: attention FLOPs per token and layer, the mean over the model's layers (a Longformer's
-    window and a Krause ViT's k change with depth), at T tokens (default: the model's block_size). ideal is None
-    where a layer's rule has no closed form."""
+    window and a Krause ViT's k change with depth), at T tokens (default: the model's block_size)."""
     T = T or model.config.block_size
     layers = [block.attn for block in (model.h if hasattr(model, 'h') else model.transformer.h)]
     counted = [counted_flops(attn, T, device) for attn in layers]
-    ideal = [ideal_flops(attn, T) for attn in layers]
-    return {'counted': sum(counted) / len(layers),
-            'ideal': None if None in ideal else sum(ideal) / len(layers)}
+    ideal = [attn.ideal_flops(T) for attn in layers]
+    return {'counted': sum(counted) / len(layers), 'ideal': sum(ideal) / len(layers)}

@@ -18,9 +18,8 @@ import json
 import os
 from dataclasses import asdict, fields
 
-import torch
-
-from attention import AttentionConfig, FrameConfig, SoftmaxConfig
+from attention import FrameConfig, SoftmaxConfig
+from rules import AttentionConfig
 from model import GPT, target_names
 from prepare import DATASETS, dataset_kind
 from support.loading import load_run
@@ -34,7 +33,7 @@ OWN_STARTS = ('scratch', 'resume', 'auto')  # train.py's init_from values that a
 GELU = {'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh', 'gelu': 'none'}  # GPT-2 config's activation -> ours
 # what a fine-tune sets itself (block_size shorter, or longer with RoPE: an extension); the rest comes from the base
 FINE_TUNE_KEYS = ('dropout', 'flex', 'lora_rank', 'lora_alpha', 'lora_dropout', 'lora_targets', 'rope_scaling',
-                  'rope_factor')
+                  'rope_factor', 'tile_weights')
 # and, where it adds a rule beside a softmax base (mix=True), that rule and its keys
 SHORTCUT_KEYS = ('attention', 'mix') + tuple(  # every rule's own keys (softmax's window is the base's shape)
     f.name for f in fields(AttentionConfig) if f.name not in {g.name for g in fields(FrameConfig) + fields(SoftmaxConfig)})

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from attention import build_attention
+from rules import build_attention
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 

@@ -202,7 +202,8 @@ def readme_rule_source():
 def register_readme_rule():
     """Run README's example, which defines a rule and registers it in ATTENTION, as a reader's own module would."""
     import attention
-    exec(readme_rule_source(), {'torch': torch, 'Attention': attention.Attention, 'ATTENTION': attention.ATTENTION})
+    import rules
+    exec(readme_rule_source(), {'torch': torch, 'Attention': attention.Attention, 'ATTENTION': rules.ATTENTION})
 
 
 # REGISTER_README_RULE=1: README's example rule is registered before collection, so every test that runs "all rules"
@@ -216,7 +217,7 @@ def rule_cases(cases, capability=None):
     where its rule declares `capability` (an Attention class attribute: has_cache, has_flex,
     has_bidirectional_form), and a causal case where it declares has_causal_form, and is skipped, saying why,
     where it does not."""
-    from attention import ATTENTION, rule_class
+    from rules import ATTENTION, rule_class
     params = []
     for kw in cases:
         mix = kw.get('mix', False)

@@ -6,7 +6,8 @@ import torch
 
 from studies.analyze import (analyse, token_groups, collapse_residual, effective_rank, entropy, first_token_share, sparsity,
                      uniform_share)
-from attention import AttentionConfig, Attention, MixAttention, build_attention
+from attention import Attention
+from rules import AttentionConfig, MixAttention, build_attention
 from model import GPT, GPTConfig
 
 

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from attention import ATTENTION, AttentionConfig, build_attention, sliding_window_mask, topk_boundary
+from attention import sliding_window_mask, topk_boundary
+from rules import ATTENTION, AttentionConfig, build_attention
 from machinery.band import band_keys, band_layout, band_queries, band_strip, unband
 from machinery.masks import band_mask
 from machinery.rope import Rotary

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention, off_diagonal_mask
+from attention import off_diagonal_mask
+from rules import AttentionConfig, build_attention
 from conftest import ROOT, assert_causal, cached_generation_equals_the_forward, run_script
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from conftest import ROOT, run_forked
 from model import GPTConfig
 from support.checks import BIDIRECTIONAL_ONLY, CAUSAL_ONLY, form_keys
@@ -74,6 +74,10 @@ FORMS = [
     (VIT, '--causal=False', 'causal', r"causal is the ViT's own, set from its patch grid"),
     (VIT, '--recall_keys=8', 'recall_keys', r"recall_keys is a setting of the recall task, but dataset cifar10"),
     (['--dataset=shakespeare_char'], '--passkey_needles=2', 'passkey_needles', r"setting of the passkey task"),
+    # a key only some rules read, for a rule that ignores it
+    (['--attention=diff'], '--window=4', 'window', r"window=4 is not read by attention=diff, only by softmax, "
+                                                   r"attentionx, topk, gated, ssmax, dex, lsa; drop --window"),
+    (['--attention=softmax'], '--tile_weights=4096', 'tile_weights', r"only by tda, topk, entmax, rela"),
 ]
 
 

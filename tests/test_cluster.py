@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import AttentionConfig, build_attention, cluster_usage
+from attention import cluster_usage
+from rules import AttentionConfig, build_attention
 from conftest import assert_causal
 from model import GPT, GPTConfig, attention_reports
 from prepare.recall import make_examples

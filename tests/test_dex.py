@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, SoftmaxAttention, build_attention
+from attention import SoftmaxAttention
+from rules import AttentionConfig, build_attention
 from conftest import ROOT, assert_causal
 from model import GPT, GPTConfig
 

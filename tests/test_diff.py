@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention, pair_heads
+from rules import AttentionConfig, build_attention
+from rules.diff import pair_heads
 from conftest import ROOT, assert_causal
 from model import GPT, GPTConfig
 
@@ -146,7 +147,7 @@ def test_attention_weights_are_signed_and_give_the_output():
     assert torch.equal(w[:, 0::2], w[:, 1::2])
     torch.testing.assert_close(w.sum(-1), torch.full((2, H, 20), 1 - lam, dtype=torch.float64))
     with torch.no_grad():
-        torch.testing.assert_close(attn.normalise(w[:, 0::2] @ pair_heads(v)), attn.attend(q, k, v))
+        torch.testing.assert_close(attn.norm_and_unpair(w[:, 0::2] @ pair_heads(v)), attn.attend(q, k, v))
 
 
 def test_bad_settings_fail_at_construction():

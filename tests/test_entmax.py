@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, EntmaxFunction, build_attention
+from rules import AttentionConfig, build_attention
+from rules.entmax import EntmaxFunction
 from conftest import assert_causal
 from model import GPT, GPTConfig
 
@@ -79,7 +80,7 @@ CASES = [(13, 4, True, 1.5), (16, 16, True, 1.5), (11, 3, False, 1.5), (12, 5, T
 
 @pytest.mark.parametrize('T,tile,causal,alpha', CASES)
 def test_matches_reference(T, tile, causal, alpha):
-    attn = make(T, causal=causal, entmax_alpha=alpha, entmax_chunk_weights=tile * T)
+    attn = make(T, causal=causal, entmax_alpha=alpha, tile_weights=tile * T)
     q, k, v = inputs(T)
     y = attn.attend(q, k, v)
     ref, ref_weights = entmax_reference(q, k, v, alpha, causal)
@@ -122,7 +123,7 @@ def test_half_precision_scores_are_solved_in_float32(dtype):
     attn = make(20).float()
     q, k, _ = (t.detach().to(dtype) * 30 for t in inputs(20))
     with torch.no_grad():
-        low = attn.weights(q, k)
+        low = attn.row_weights(q, k)
         by_hand = EntmaxFunction.apply((q @ k.transpose(-1, -2) / math.sqrt(8)).float(), 1.5, 50)
     assert low.dtype == torch.float32 and torch.isfinite(low).all()
     assert torch.equal(low, by_hand)
@@ -138,13 +139,13 @@ def test_matches_the_entmax_package():
     for alpha, theirs in [(1.5, entmax.entmax15(scores, dim=-1)),
                           (1.3, entmax.entmax_bisect(scores, 1.3, dim=-1, n_iter=50)),
                           (2.0, entmax.sparsemax(scores, dim=-1))]:
-        ours = make(T, entmax_alpha=alpha, entmax_chunk_weights=7 * T).attention_weights(q, k, v)
+        ours = make(T, entmax_alpha=alpha, tile_weights=7 * T).attention_weights(q, k, v)
         torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0, msg=f'alpha={alpha}')
 
 
 def test_saves_no_tile_of_weights_for_backward():
     T, tile = 128, 16
-    attn = make(T, entmax_chunk_weights=tile * T)
+    attn = make(T, tile_weights=tile * T)
     q, k, v = inputs(T)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -157,7 +158,7 @@ def test_saves_no_tile_of_weights_for_backward():
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='entmax',
-                          entmax_chunk_weights=8 * 40, **kw)).eval()
+                          tile_weights=8 * 40, **kw)).eval()
     assert_causal(model, T=40, cut=21)
 
 
@@ -181,7 +182,7 @@ def test_cached_decode_with_bisection_equals_the_forward():
     (dict(entmax_alpha=float('inf')), 'entmax_alpha must be a finite number > 1'),
     (dict(entmax_alpha=float('nan')), 'entmax_alpha must be a finite number > 1'),
     (dict(entmax_iters=0), 'entmax_iters must be >= 1'),
-    (dict(entmax_chunk_weights=0), 'entmax_chunk_weights must be >= 1'),
+    (dict(tile_weights=0), 'tile_weights must be >= 1'),
 ])
 def test_bad_settings_fail_at_construction(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -6,6 +6,7 @@ differentiates through q, k and v only, as flex does when nothing its score_mod 
 below). It is first checked against flex's own forward; then every parameter's gradient through it must equal the
 math path's, in float64, at T not a multiple of flex's 128-block.
 """
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 import attention
 import machinery.masks
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from model import GPT, GPTConfig
 
 RULES = {  # name: config keys of one layer
@@ -51,6 +52,12 @@ RULES = {  # name: config keys of one layer
     'dex in mix': dict(attention='dex', mix=True, dex_init='identity'),  # no score_mod: nothing captured
 }
 T = 150  # not a multiple of flex's 128-token block
+
+
+def patch_run_flex(monkeypatch, run_flex):  # in every module that calls flex: softmax's (attention.py), each rule's
+    for module in [attention, *(m for name, m in sys.modules.items() if name.startswith('rules.'))]:
+        if hasattr(module, 'run_flex'):
+            monkeypatch.setattr(module, 'run_flex', run_flex)
 
 
 def flex_by_hand(q, k, v, score_mod=None, block_mask=None, scale=None, return_aux=None):
@@ -108,7 +115,7 @@ def test_flex_equals_math_forward_and_every_gradient_in_float64(name, monkeypatc
     with torch.no_grad():  # flex's own forward (eager, CPU), and the hand-written one, against the math path
         math_y = attn.attend(*tensors)
         torch.testing.assert_close(attn.attend_flex(*[t.detach() for t in tensors]), math_y, rtol=1e-10, atol=1e-10)
-        monkeypatch.setattr(attention, 'run_flex', flex_by_hand)
+        patch_run_flex(monkeypatch, flex_by_hand)
         torch.testing.assert_close(attn.attend_flex(*tensors), math_y, rtol=1e-10, atol=1e-10)
     grad_y = torch.randn_like(math_y)
     math_params, math_inputs = gradients(attn, attn.attend, tensors, grad_y)
@@ -131,7 +138,7 @@ def test_nothing_a_score_mod_captures_requires_grad(name, monkeypatch):
         if score_mod is not None:
             captured.extend(cell.cell_contents for cell in score_mod.__closure__ or ())
         return flex_by_hand(q, k, v, score_mod=score_mod, **kwargs)
-    monkeypatch.setattr(attention, 'run_flex', recording)
+    patch_run_flex(monkeypatch, recording)
     attn = layer(name)
     tensors = inputs(attn)
     attn.attend_flex(*tensors).sum().backward()
@@ -145,7 +152,7 @@ def test_the_mix_softmax_branch_runs_sdpa_not_flex(monkeypatch):
     calls = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, 'scaled_dot_product_attention', lambda *a, **k: calls.append('sdpa') or sdpa(*a, **k))
-    monkeypatch.setattr(attention, 'run_flex', lambda *a, **k: calls.append('flex') or flex_by_hand(*a, **k))
+    patch_run_flex(monkeypatch, lambda *a, **k: calls.append('flex') or flex_by_hand(*a, **k))
     attn = layer('mix krause')
     with torch.no_grad():
         attn.attend_flex(*inputs(attn))

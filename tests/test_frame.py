@@ -2,6 +2,7 @@
 rule can be added the way README's "Adding a rule" says (its example, registered, passes every test that runs all
 rules); and the contracts it names (c_proj, init_extra, no_decay) hold."""
 import json
+import math
 import os
 import re
 import subprocess
@@ -12,7 +13,8 @@ import torch
 import torch.nn as nn
 
 import attention
-from attention import ATTENTION, Attention, AttentionConfig, build_attention
+from attention import Attention
+from rules import ATTENTION, AttentionConfig, build_attention
 from conftest import ROOT, register_readme_rule, rule_cases, run_script
 from model import GPT, GPTConfig
 from prepare.recall import make_examples
@@ -43,6 +45,20 @@ def test_every_rule_is_project_attend_out(kw):
     assert y.shape[:3] == (2, heads, 65)
     torch.testing.assert_close(attn(x), attn.out(y), atol=0, rtol=0)
     torch.testing.assert_close(attn.attend(*tensors), y, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize('kw', rule_cases(CAUSAL) + rule_cases(VIT, 'has_bidirectional_form'))
+def test_every_rule_has_its_ideal_flops(kw):
+    # support/flops.py reads each layer's count from its rule: one without it would raise, never count nothing
+    attn = build_attention(small(**kw), 0)
+    assert type(attn).ideal_flops is not Attention.ideal_flops, type(attn).__name__
+    flops = attn.ideal_flops(65)
+    assert math.isfinite(flops) and flops > 0
+
+
+def test_a_rule_without_ideal_flops_says_so():
+    with pytest.raises(NotImplementedError, match='UniformAttention has no ideal_flops'):
+        Attention.ideal_flops(UniformAttention(small(attention='uniform'), 0), 65)
 
 
 def test_the_readme_rule_passes_every_all_rules_test():

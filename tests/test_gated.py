@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from conftest import ROOT, assert_causal
 from model import GPT, GPTConfig
 

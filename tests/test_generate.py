@@ -4,7 +4,7 @@ cluster chunk and block_size; and a cache refuses what it cannot serve."""
 import pytest
 import torch
 
-from attention import ATTENTION
+from rules import ATTENTION
 from machinery.caches import KVCache
 from machinery.rope import Rotary
 from conftest import cached_generation_equals_the_forward, rule_cases

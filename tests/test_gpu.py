@@ -8,7 +8,8 @@ import torch
 
 from conftest import iter_losses, run_script
 
-from attention import AttentionConfig, KrauseAttention, MixAttention, TopkAttention, build_attention, dense_mask
+from attention import dense_mask
+from rules import AttentionConfig, KrauseAttention, MixAttention, TopkAttention, build_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex backward)")
 

@@ -7,7 +7,9 @@ import shutil
 import pytest
 import torch
 
-from attention import AttentionConfig, SoftmaxAttention, build_attention, dense_mask, grid_mask, krause_topk_schedule
+from attention import SoftmaxAttention, dense_mask, grid_mask
+from rules import AttentionConfig, build_attention
+from rules.krause import krause_topk_schedule
 from conftest import assert_causal
 from model import GPT, GPTConfig
 

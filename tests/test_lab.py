@@ -69,12 +69,12 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
 
 
 def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp_path):
-    # a copy of the code with README's example rule registered at the end of attention.py, the lab's code unchanged;
+    # a copy of the code with README's example rule registered at the end of the registry, the lab's code unchanged;
     # its runs forked from a process that imported the copy's modules (its tests/faults.py)
     repo = tmp_path / 'repo'
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns('.git', 'data', 'docs', 'out*', '__pycache__', 'tests'))
-    with open(repo / 'attention.py', 'a') as f:
-        f.write('\n\n' + readme_rule_source())
+    with open(repo / 'rules' / '__init__.py', 'a') as f:
+        f.write('\n\nimport torch\nfrom attention import Attention\n' + readme_rule_source())
     (repo / 'tests').mkdir()
     shutil.copy(ROOT / 'tests' / 'faults.py', repo / 'tests')
     out_root = tmp_path / 'lab'
@@ -149,23 +149,23 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
 
 
 def test_the_flops_counted_for_softmax_equal_its_closed_form():
-    from attention import AttentionConfig, build_attention
-    from support.flops import counted_flops, ideal_flops
+    from rules import AttentionConfig, build_attention
+    from support.flops import counted_flops
     T, C, H = 24, 32, 4
     full = build_attention(AttentionConfig(n_embd=C, n_head=H, block_size=T, causal=False), 0).eval()
-    assert counted_flops(full, T) == ideal_flops(full, T) == 4 * C * T  # each query: T keys scored, T values summed
+    assert counted_flops(full, T) == full.ideal_flops(T) == 4 * C * T  # each query: T keys scored, T values summed
     causal = build_attention(AttentionConfig(n_embd=C, n_head=H, block_size=T), 0).eval()
-    assert ideal_flops(causal, T) == 2 * C * (T + 1)  # per head 2·D·(i+1)·2 for query i, (T+1)/2 keys on average
+    assert causal.ideal_flops(T) == 2 * C * (T + 1)  # per head 2·D·(i+1)·2 for query i, (T+1)/2 keys on average
     assert counted_flops(causal, T) == 4 * C * T  # SDPA is counted whole, T×T, as the math path computes it
     causal.fused = False  # the math path: the T×T scores and weights as two matmuls
     assert counted_flops(causal, T) == 4 * C * T
     W = 8  # a window: the ideal counts min(i+1, W) keys, the band computes whole tiles of them
     window = build_attention(AttentionConfig(n_embd=C, n_head=H, block_size=T, window=W), 0).eval()
     keys = sum(min(i + 1, W) for i in range(T))
-    assert ideal_flops(window, T) == pytest.approx(4 * C * keys / T, rel=1e-12)
-    assert counted_flops(window, T) > ideal_flops(window, T)
+    assert window.ideal_flops(T) == pytest.approx(4 * C * keys / T, rel=1e-12)
+    assert counted_flops(window, T) > window.ideal_flops(T)
     matched = build_attention(AttentionConfig(n_embd=C, n_head=H, block_size=T, attention='tda', tda_matched=True), 0)
-    assert ideal_flops(matched, T) == ideal_flops(causal, T)  # two score maps of D/2, one W v: softmax's products
+    assert matched.ideal_flops(T) == causal.ideal_flops(T)  # two score maps of D/2, one W v: softmax's products
 
 
 def test_a_paper_table_marks_a_difference_beyond_twice_the_combined_spread(monkeypatch):

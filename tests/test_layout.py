@@ -5,12 +5,15 @@ import ast
 import re
 import subprocess
 
+import pytest
+
 from conftest import ROOT
 
-TOP_LEVEL = {'README.md', 'model.py', 'attention.py', 'vit.py', 'train.py', 'sample.py', 'bench.py', 'configurator.py',
+TOP_LEVEL = {'README.md', 'model.py', 'attention.py', 'rules', 'vit.py', 'train.py', 'sample.py', 'bench.py', 'configurator.py',
              'machinery', 'prepare', 'config', 'tests', 'docs', 'support', 'studies', 'requirements.txt',
              'requirements-extras.txt', 'pytest.ini', '.ci', '.gitignore'}
 MODEL_FILES = ('model.py', 'attention.py', 'vit.py')
+RULE_IMPORTS = {'attention', 'machinery', 'torch', 'numpy', 'math', 'dataclasses', 'functools'}  # a rule file's
 
 
 def tracked(pattern='*'):
@@ -36,8 +39,9 @@ def test_the_top_level_is_the_card():
 
 
 def test_imports_read_downward():
-    for name in MODEL_FILES:
-        assert not imported(ROOT / name) & {'support', 'studies', 'train', 'sample', 'bench'}, name
+    for path in [ROOT / name for name in MODEL_FILES] + tracked('rules/*.py'):
+        assert not imported(path) & {'support', 'studies', 'train', 'sample', 'bench'}, path
+    assert imported(ROOT / 'attention.py') <= {'machinery', 'torch', 'numpy', 'math', 'dataclasses', 'functools'}
     for path in tracked('support/*.py') + tracked('prepare/*.py'):
         assert 'studies' not in imported(path), path
     for path in tracked('prepare/*.py'):  # the data's floor: support and the scripts build on it, never the reverse
@@ -48,17 +52,42 @@ def test_imports_read_downward():
             assert path.name == 'triton_available.py' or path.name.endswith('_kernel.py'), path
 
 
-def test_attention_py_reads_top_down():
-    """The math first: a module-level name of attention.py is used before its definition only by the rule it
-    helps, at most a rule's length above it (Krause's topk_boundary, cluster's cluster_means); the machinery is
-    imported at the top, not defined below."""
-    tree = ast.parse((ROOT / 'attention.py').read_text())
+def test_a_rule_file_imports_the_frame_and_the_machinery_only():
+    """rules/<key>.py: attention.py (the frame, softmax, what rules share), machinery/, torch, numpy and the standard
+    library at its top, never another rule; the mix alone reads the registry, inside the function that builds it
+    (the registry imports the mix)."""
+    for path in tracked('rules/*.py'):
+        tree = ast.parse(path.read_text())
+        top = {node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))}
+        names = set()
+        for node in top:
+            names |= {node.module.split('.')[0]} if isinstance(node, ast.ImportFrom) else \
+                {a.name.split('.')[0] for a in node.names}
+        if path.name == '__init__.py':  # the registry: the frame, and every rule
+            assert names <= RULE_IMPORTS | {'rules'}, path
+            continue
+        assert names <= RULE_IMPORTS, (path, names - RULE_IMPORTS)
+        late = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node not in top}
+        assert late <= ({'rules'} if path.name == 'mix.py' else set()), (path, late)
+
+
+def test_the_frame_is_short_and_softmax_comes_first():
+    lines = (ROOT / 'attention.py').read_text().splitlines()
+    assert len(lines) <= 500
+    assert lines.index('class SoftmaxAttention(Attention):') < lines.index('    def attend(self, q, k, v):', 120) < 200
+
+
+@pytest.mark.parametrize('name', ['attention.py'] + [f'rules/{p.name}' for p in sorted((ROOT / 'rules').glob('*.py'))])
+def test_each_file_reads_top_down(name):
+    """The math first: a module-level name is used before its definition only by the code it helps, at most a
+    rule's length above it; the machinery is imported at the top, not defined below."""
+    tree = ast.parse((ROOT / name).read_text())
     defined = {}
     for node in tree.body:
         names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
             [t.id for t in getattr(node, 'targets', []) if isinstance(t, ast.Name)]
-        for name in names:
-            defined.setdefault(name, node.lineno)
+        for defined_name in names:
+            defined.setdefault(defined_name, node.lineno)
     early = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in defined and
              defined[n.id] - n.lineno > 150}
     assert not early, f"used far above their definition: {sorted(early)}"
@@ -77,9 +106,9 @@ def test_readme_and_train_stay_short():
 
 
 def test_the_torch_the_docs_name_has_what_the_code_imports():
-    """attention.py imports flex_attention's AuxRequest, which torch 2.9 introduced: the README's install line and
+    """rules/tda.py imports flex_attention's AuxRequest, which torch 2.9 introduced: the README's install line and
     requirements.txt must not promise an older torch (they said >= 2.5)."""
-    assert 'AuxRequest' in (ROOT / 'attention.py').read_text()
+    assert 'AuxRequest' in (ROOT / 'rules' / 'tda.py').read_text()
     lowest = re.search(r"^torch>=([\d.]+)$", (ROOT / 'requirements.txt').read_text(), re.M).group(1)
     assert tuple(map(int, lowest.split('.'))) >= (2, 9)
     assert f"torch: any >= {lowest}" in (ROOT / 'README.md').read_text()

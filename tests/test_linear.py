@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, LinearCache, build_attention, carried_state
+from rules import AttentionConfig, build_attention
+from rules.linear import LinearCache, carried_state
 from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig
 

@@ -163,7 +163,7 @@ def test_analyze_reads_a_pixel_model_through_the_data_reader(runs):
 @pytest.mark.parametrize('old', [dict(krause_mix=True), dict(cluster_block=8, tda_chunk=99)])
 def test_a_checkpoint_with_a_key_the_model_no_longer_has_is_one_error_line(tmp_path, monkeypatch, old):
     """A checkpoint of an older version (krause_mix, mix's Krause-only spelling; cluster_block and tda_chunk, which
-    cluster_chunk and tda_chunk_weights replaced) is one `error:` line naming those keys and what to do, from
+    cluster_chunk and tda_chunk_weights, now tile_weights, replaced) is one `error:` line naming those keys and what to do, from
     load_checkpoint and so from every script's load_run, before a model is built; without them it loads as saved."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=7, attention='krause', mix=True,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from machinery.rope import Rotary
 from conftest import SHARED, iter_losses, run_forked
 from model import GPT, GPTConfig

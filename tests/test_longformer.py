@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention, longformer_mask, longformer_windows
+from rules import AttentionConfig, build_attention
+from rules.longformer import longformer_mask, longformer_windows
 from conftest import assert_causal, cached_generation_equals_the_forward
 from machinery.band import band_keys
 from machinery.heads import merge_heads
@@ -120,7 +121,7 @@ def test_global_projections_start_as_copies_and_reach_only_the_global_rows():
 def test_window_grows_over_depth():
     assert longformer_windows(32, 512, 8) == [32, 101, 169, 238, 306, 375, 443, 512]
     assert longformer_windows(32, 0, 4) == [32] * 4 and longformer_windows(4, 12, 1) == [4]
-    windows = [make(40, i, n_layer=3, longformer_window=4, longformer_window_last=12).window for i in range(3)]
+    windows = [make(40, i, n_layer=3, longformer_window=4, longformer_window_last=12).layer_window for i in range(3)]
     assert windows == [4, 8, 12]
     attn = make(40, 2, n_layer=3, longformer_window=4, longformer_window_last=12)  # the last layer: W = 12
     check_against_reference(attn, 40, 12, 0)

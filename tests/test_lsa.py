@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from conftest import ROOT, run_script
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from attention import ATTENTION
+from rules import ATTENTION
 from conftest import rule_cases, run_script, write_tiny_cifar
 from support.data import Batches, bits_per_dim
 from support.pixels import draw

@@ -1,4 +1,4 @@
-"""Starting from a pretrained model (support/pretrained.py, model.py's LoRA, attention.py's MixAttention): a GPT-2
+"""Starting from a pretrained model (support/pretrained.py, model.py's LoRA, rules/mix.py's MixAttention): a GPT-2
 in the Hugging Face Hub's file layout, written here, loads and computes GPT-2's function (a float64 forward written
 from GPT-2's formula, and transformers' GPT2LMHeadModel where it is installed); the shortcut beside the pretrained
 attention starts as the base model; LoRA trains only what it should and merges exactly; caches; train.py and
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import ATTENTION, MixAttention
+from rules import ATTENTION, MixAttention
 from conftest import SHARED, iter_losses, needs_shared, rule_cases, run_forked, run_script, write_tiny_cifar
 from model import LoRALinear, merge_lora, trainable
 from model import GPT, GPTConfig

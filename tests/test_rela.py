@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from conftest import assert_causal
 from machinery.heads import merge_heads
 from model import GPT, GPTConfig
@@ -50,7 +50,7 @@ CASES = [(13, 4, True, 1e-8), (16, 16, True, 1e-8), (11, 3, False, 1e-8), (9, 64
 
 @pytest.mark.parametrize('T,tile,causal,eps', CASES)
 def test_matches_reference(T, tile, causal, eps):
-    attn = make(T, causal=causal, rela_eps=eps, rela_chunk_weights=tile * T)
+    attn = make(T, causal=causal, rela_eps=eps, tile_weights=tile * T)
     q, k, v = inputs(T)
     y = attn.out(attn.attend(q, k, v))
     ref = rela_reference(q, k, v, attn.norm_scale, attn.norm_gate, eps, causal, attn.c_proj)
@@ -107,7 +107,7 @@ def test_initial_values():
 
 def test_saves_no_tile_of_weights_for_backward():
     T, tile = 128, 16
-    attn = make(T, rela_chunk_weights=tile * T)
+    attn = make(T, tile_weights=tile * T)
     q, k, v = inputs(T)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -120,7 +120,7 @@ def test_saves_no_tile_of_weights_for_backward():
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='rela',
-                          rela_chunk_weights=8 * 40, **kw)).eval()
+                          tile_weights=8 * 40, **kw)).eval()
     assert_causal(model, T=40, cut=21)
 
 
@@ -139,7 +139,7 @@ def test_vit_trains_its_norm():
     (dict(rela_eps=-1e-6), 'rela_eps must be a finite number > 0'),
     (dict(rela_eps=float('inf')), 'rela_eps must be a finite number > 0'),
     (dict(rela_eps=float('nan')), 'rela_eps must be a finite number > 0'),
-    (dict(rela_chunk_weights=0), 'rela_chunk_weights must be >= 1'),
+    (dict(tile_weights=0), 'tile_weights must be >= 1'),
 ])
 def test_bad_settings_fail_at_construction(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig, configure_adamw
 

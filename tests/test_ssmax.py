@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig, configure_adamw
 

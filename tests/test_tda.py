@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention
 from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig
 
@@ -49,9 +49,9 @@ def inputs(n, T, B=2, H=3, D=8, seed=0):
 def parameters(attn):
     """The rule's own parameters (β, λ, RMSNorm weight) and what the reference takes: β, λ (0 in one view)."""
     own = {'log_beta': attn.log_beta, 'head_norm.weight': attn.head_norm.weight}
-    if attn.differential:
+    if attn.two_views:
         own['lambda_logit'] = attn.lambda_logit
-    lam = torch.sigmoid(attn.lambda_logit) if attn.differential else 0.0
+    lam = torch.sigmoid(attn.lambda_logit) if attn.two_views else 0.0
     return own, attn.log_beta.exp(), lam
 
 
@@ -75,7 +75,7 @@ CASES = [(13, 4, True, True, 2.0, 1.0, False), (16, 4, True, True, 2.0, 1.0, Fal
 
 @pytest.mark.parametrize('T,chunk,causal,differential,p,kappa,matched', CASES)
 def test_matches_reference(T, chunk, causal, differential, p, kappa, matched):
-    attn = make(T, tda_chunk_weights=chunk * T, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa,
+    attn = make(T, tile_weights=chunk * T, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa,
                 tda_matched=matched)
     tensors = inputs(len(attn.projections), T)
     y = attn.attend(*tensors)
@@ -117,7 +117,7 @@ def test_rows_without_survivors_give_exactly_zero():
 def test_saves_no_chunk_of_weights_for_backward():
     # everything autograd keeps outside the recomputed chunks is O(T·D): inputs, normalised q/k, y, the norm
     T, chunk = 256, 16
-    attn = make(T, tda_chunk_weights=chunk * T)
+    attn = make(T, tile_weights=chunk * T)
     tensors = inputs(5, T)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -132,14 +132,14 @@ def test_saves_no_chunk_of_weights_for_backward():
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='tda',
-                          tda_chunk_weights=8 * 40, **kw)).eval()
+                          tile_weights=8 * 40, **kw)).eval()
     assert_causal(model, T=40, cut=21)
 
 
 @pytest.mark.parametrize('T,kw', [(200, dict()), (65, dict(causal=False)), (100, dict(tda_differential=False)),
                                   (150, dict(tda_matched=True)), (65, dict(causal=False, tda_matched=True))])
 def test_flex_forward_equals_math(T, kw):
-    attn = make(T, tda_chunk_weights=32 * T, **kw).float()
+    attn = make(T, tile_weights=32 * T, **kw).float()
     tensors = [t.detach().float() for t in inputs(len(attn.projections), T)]
     with torch.no_grad():
         torch.testing.assert_close(attn.attend_flex(*tensors), attn.attend(*tensors), atol=1e-5, rtol=1e-5)
@@ -223,7 +223,7 @@ def test_initial_values_and_vit():
     (dict(tda_lambda=1.0), r'tda_lambda must be in \(0, 1\)'),
     (dict(tda_beta=0.0), 'tda_beta must be > 0'),
     (dict(tda_beta=-0.5), 'tda_beta must be > 0'),
-    (dict(tda_chunk_weights=0), 'tda_chunk_weights must be >= 1'),
+    (dict(tile_weights=0), 'tile_weights must be >= 1'),
     (dict(tda_eps=0.0), 'tda_eps must be > 0'),
 ])
 def test_bad_settings_fail_at_construction(kw, match):

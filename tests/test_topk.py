@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from attention import AttentionConfig, SoftmaxAttention, build_attention
+from attention import SoftmaxAttention
+from rules import AttentionConfig, build_attention
 from conftest import assert_causal, cached_generation_equals_the_forward
 from model import GPT, GPTConfig
 
@@ -43,8 +44,8 @@ def qkv(T, B=2, H=3, D=8, seed=0):
 # (T, k, keys): causal rows with fewer than k keys, k > T (softmax), k = 1, the ViT, query tiles of 4 rows (T not a
 # multiple), a sliding window
 CASES = [(13, 4, dict()), (9, 16, dict()), (12, 1, dict()), (21, 5, dict(causal=False)),
-         (30, 7, dict(topk_chunk_weights=4 * 30)), (17, 3, dict(window=6)),
-         (19, 6, dict(causal=False, topk_chunk_weights=5 * 19))]
+         (30, 7, dict(tile_weights=4 * 30)), (17, 3, dict(window=6)),
+         (19, 6, dict(causal=False, tile_weights=5 * 19))]
 
 
 @pytest.mark.parametrize('T,topk,kw', CASES)
@@ -85,7 +86,7 @@ def test_k_at_least_the_context_is_softmax():
     torch.testing.assert_close(topk(x), softmax(x))
 
 
-@pytest.mark.parametrize('kw', [dict(), dict(pos_emb='rope', topk_chunk_weights=5 * 40)])
+@pytest.mark.parametrize('kw', [dict(), dict(pos_emb='rope', tile_weights=5 * 40)])
 def test_gpt_is_causal(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=40, vocab_size=11, attention='topk',
@@ -93,7 +94,7 @@ def test_gpt_is_causal(kw):
     assert_causal(model, T=40, cut=21)
 
 
-@pytest.mark.parametrize('T,kw', [(150, dict(topk_k=16)), (150, dict(topk_k=16, topk_chunk_weights=40 * 150)),
+@pytest.mark.parametrize('T,kw', [(150, dict(topk_k=16)), (150, dict(topk_k=16, tile_weights=40 * 150)),
                                   (65, dict(topk_k=8, causal=False)), (100, dict(topk_k=5, window=24))])
 def test_flex_forward_equals_math(T, kw):
     attn = make(T, **kw).float()
@@ -115,7 +116,7 @@ def test_cached_generation_equals_uncached_with_a_small_k(kw):
 def test_saves_no_tile_of_scores_for_backward():
     # the paper's query chunking: what autograd keeps outside the recomputed tiles is O(T·D)
     T, rows = 256, 16
-    attn = make(T, topk_k=8, topk_chunk_weights=rows * T)
+    attn = make(T, topk_k=8, tile_weights=rows * T)
     q, k, v = qkv(T)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -128,7 +129,7 @@ def test_saves_no_tile_of_scores_for_backward():
 @pytest.mark.parametrize('kw,match', [
     (dict(topk_k=0), 'topk_k must be >= 1'),
     (dict(topk_k=-3), 'topk_k must be >= 1'),
-    (dict(topk_chunk_weights=0), 'topk_chunk_weights must be >= 1'),
+    (dict(tile_weights=0), 'tile_weights must be >= 1'),
     (dict(window=4, causal=False), 'window .* needs causal=True'),
 ])
 def test_bad_settings_fail_at_construction(kw, match):

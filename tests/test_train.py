@@ -112,8 +112,8 @@ def test_an_old_key_is_one_error_line_naming_it(tmp_path):
 def test_help_lists_every_key_with_its_default(tmp_path):
     log = run_script('train.py', '--help', f'--out_dir={tmp_path}')
     assert log.startswith('usage: python train.py')
-    # each key's one-line comment beside its default, from train.py's source or the model dataclasses' (attention.py)
-    assert re.search(r"^  --attention=softmax +# a key of attention.ATTENTION$", log, re.M)
+    # each key's one-line comment beside its default, from train.py's source or the model dataclasses' (attention.py, rules/)
+    assert re.search(r"^  --attention=softmax +# a key of rules.ATTENTION$", log, re.M)
     assert re.search(r"^  --window=0 +# softmax: sliding window", log, re.M) and '  --eval_only=False ' in log
     assert 'step 0' not in log and not any(tmp_path.iterdir())
 

@@ -1,0 +1,184 @@
+"""attention='tda': threshold differential attention: exact zeros, no sink (docs/rules.md#tda)."""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import AuxRequest
+
+from attention import Attention, causal_mask, tile_mask, tile_queries, visible_keys
+from machinery.caches import KVCache
+from machinery.heads import split_heads
+from machinery.masks import run_flex
+from machinery.rope import Rotary
+
+
+@dataclass
+class TDAConfig:
+    tda_beta: float = 1.0        # TDA: initial threshold scale β > 0 (learned per layer, as log β)
+    tda_lambda: float = 0.5      # TDA: initial inhibition λ in (0, 1) of the second view (learned, as its logit)
+    tda_kappa: float = 1.0       # TDA: κ > 0, fixed; the threshold's position offset (κ = 1: τ_0 = 0)
+    tda_p: float = 2.0           # TDA: power p >= 1 of the rectified excess relu(s - τ)^p, fixed
+    tda_differential: bool = True  # TDA: two views, a¹ - λa²; False: one view (the paper's TRA ablation)
+    tda_matched: bool = False    # TDA: the views are the halves of each head's q, k (D/2 each): softmax's c_attn (3C)
+    tda_eps: float = 1e-4        # TDA: eps of the per-head RMSNorm; a row is amplified at most 1/sqrt(eps) times
+
+
+class ThresholdDifferentialAttention(Attention):
+    """
+    s_ij = q̂_i·k̂_j,  q̂ = q/‖q‖, k̂ = k/‖k‖        per view t = 1, 2 (its own q, k of width d; one v); no 1/√D
+    τ_i  = β·sqrt(2·ln((i+1)/κ)/d)                d = the views' width; 0-based i (ViT: one τ, (i+1) → N keys)
+    a_ij = relu(s_ij - τ_i)^p for j <= i, else 0   the causal mask after the threshold
+    o_i  = RMSNorm(Σ_j (a¹_ij - λ a²_ij) v_j)      per head, learnable weight
+    ("Threshold Differential Attention: Sink-free, Ultra-sparse, and Non-dispersive Long-context Attention",
+    arXiv 2601.12145; docs/rules.md#tda)
+
+    The threshold grows like the largest spurious similarity among i+1 random keys, so only real matches survive:
+    weights are exactly 0 elsewhere and nothing forces a row to sum to 1 (no sink). β = exp(log_beta) and
+    λ = sigmoid(lambda_logit) are learned per layer; κ and p are fixed; rows with i+1 < κ get τ = 0. The RMSNorm's
+    eps (tda_eps) bounds how much a row is amplified: an empty row gives exactly 0. tda_differential=False keeps
+    view 1 only (TRA). The views are full width (d = D, c_attn 5C) or, with tda_matched, the two halves of one q
+    and k per head (d = D/2, c_attn 3C: softmax's parameters, as Diff's views are), each half rotated by RoPE as a
+    head of D/2; v is D wide either way. Math path: queries in tiles of tile_weights // T, each recomputed in
+    backward, so memory is linear in T. Flex path: one call, both views on the head axis, τ through the queries
+    (derivation: docs/rules.md#tda). No attention-weight dropout on either path.
+    """
+    has_bidirectional_form, has_cache, has_flex = True, True, True
+    projections = ('q1', 'k1', 'q2', 'k2', 'v')
+    weights_note = "a1 - lam*a2: signed, rows not summing to 1, and the per-head RMSNorm after W v rescales each row"
+    Config, reads = TDAConfig, ('tile_weights',)
+    log_floor = 1e-12  # flex: log's argument is kept >= this, so s = τ exactly never gives 0·∞ = NaN in backward
+
+    def __init__(self, config, layer_idx):
+        if config.tda_matched:  # set before the frame sizes c_attn from it
+            self.projections = ('q', 'k', 'v')  # each head's q, k halves are the two views (`split_views`)
+        elif not config.tda_differential:
+            self.projections = ('q1', 'k1', 'v')
+        super().__init__(config, layer_idx)
+        if config.tda_matched and not config.tda_differential:
+            raise ValueError("tda_matched=True splits each head's q and k into two views; tda_differential=False has "
+                             "one view, whose c_attn (3C) is softmax's already: pass tda_matched=False")
+        parts = 4 if self.rope is not None else 2  # two halves; with RoPE each half is rotated in pairs of channels
+        if config.tda_matched and self.head_dim % parts:
+            fit = config.n_head * parts * (self.head_dim // parts + 1)
+            raise ValueError(f"tda_matched=True needs a head size n_embd/n_head divisible by {parts}, got "
+                             f"{self.head_dim}; pass e.g. --n_embd={fit}")
+        for key, ok, need in [('tda_beta', config.tda_beta > 0, '> 0'), ('tda_kappa', config.tda_kappa > 0, '> 0'),
+                              ('tda_lambda', 0 < config.tda_lambda < 1, 'in (0, 1)'), ('tda_p', config.tda_p >= 1, '>= 1'),
+                              ('tda_eps', config.tda_eps > 0, '> 0')]:
+            if not (ok and math.isfinite(getattr(config, key))):
+                raise ValueError(f"{key} must be {need} and finite, got {getattr(config, key)}")
+        self.two_views, self.kappa, self.p = config.tda_differential, config.tda_kappa, config.tda_p
+        self.matched = config.tda_matched
+        self.view_dim = self.head_dim // 2 if self.matched else self.head_dim  # d: q̂·k̂'s width, τ's dimension
+        if self.matched and self.rope is not None:  # each view rotated at its own width (`project`)
+            self.rope = Rotary(self.view_dim, config.block_size, config.rope_base, config.rope_scaling,
+                               config.rope_factor)
+        self.log_beta = nn.Parameter(torch.tensor(math.log(config.tda_beta)))
+        if self.two_views:
+            self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
+        self.head_norm = nn.RMSNorm(self.head_dim, eps=config.tda_eps)
+        self.mask_mod = causal_mask if self.causal else None  # after the threshold (weights); flex's BlockMask
+
+    def threshold(self, T, device, start=0):
+        """τ per query, (T,): τ_i on the 0-based position i = start..start+T-1; without causality one τ for all,
+        from the T keys. Generation passes start = the absolute position of the new token."""
+        n = torch.arange(start + 1, start + T + 1, device=device) if self.causal else torch.full((T,), T, device=device)
+        spurious = 2 * torch.log(n.to(self.log_beta.dtype) / self.kappa).clamp_min(0) / self.view_dim
+        return self.log_beta.exp() * spurious.sqrt()
+
+    def project(self, x, offset=0):
+        if not (self.matched and self.rope is not None):
+            return super().project(x, offset)
+        # matched: each half of q and k rotated as a head of D/2, so that a view's q̂·k̂ depends on positions
+        # through i - j alone (the frame's rotation at D pairs channel c of one view with channel c of the other)
+        q, k, v = [split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=2)]
+        return self.rotate_halves(q, offset), self.rotate_halves(k, offset), v
+
+    def rotate_halves(self, x, offset):  # (B, H, T, D): each head's two halves as 2H heads of D/2, rotated, back
+        halves = x.unflatten(-1, (2, -1)).transpose(2, 3).flatten(1, 2)                # (B, 2H, T, D/2)
+        return self.rope(halves, offset).unflatten(1, (-1, 2)).transpose(2, 3).flatten(3)
+
+    def split_views(self, tensors):
+        """What project returns -> ([q1, k1(, q2, k2)], v): matched, the halves of each head's q and k."""
+        *qk, v = tensors
+        if self.matched:
+            (q, k), d = qk, self.view_dim
+            qk = [q[..., :d], k[..., :d], q[..., d:], k[..., d:]]
+        return qk, v
+
+    def view_weights(self, q, k, threshold):  # (B, H, C, D), (B, H, L, D), (C, L) -> (B, H, C, L)
+        return (q @ k.transpose(-1, -2) - threshold).relu() ** self.p
+
+    def threshold_weights(self, qk, threshold):
+        """a¹ - λa² from normalised q1, k1(, q2, k2) and the thresholds (C, L), +inf where a key is hidden."""
+        a = self.view_weights(qk[0], qk[1], threshold)
+        if self.two_views:
+            a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(qk[2], qk[3], threshold)
+        return a
+
+    def weights_in_tile(self, qk, tau, start, end, n_keys):  # queries start..end-1, keys 0..n_keys-1: (B, H, C, L)
+        threshold = tau[start:end, None].expand(-1, n_keys)  # (C, L)
+        if self.causal:  # a hidden key gets an infinite threshold: relu(s - ∞) = 0, whatever s is
+            threshold = threshold.masked_fill(~tile_mask(causal_mask, start, end, n_keys, tau.device), float('inf'))
+        return self.threshold_weights([t[:, :, start:end] if i % 2 == 0 else t[:, :, :n_keys] for i, t in enumerate(qk)],
+                            threshold)
+
+    def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v; matched: q, k, v), (B, H, T, D) each
+        qk, v = self.split_views(tensors)
+        qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
+        tau = self.threshold(T, v.device)
+        tile_output = lambda start, end, n_keys: self.weights_in_tile(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
+        return self.head_norm(tile_queries(tile_output, T, self.tile_weights, self.causal))  # (B, H, T, D)
+
+    def attend_flex(self, *tensors, masks=None):
+        # exp(score_mod) = relu(q̃·k̂ - t_i)^p with q̃ = q̂/d_i, so Σ_j a_ij v_j = d_i^p · y_i · exp(lse_i), y flex's
+        # output (d_i = τ_i, or 1 where τ_i = 0; t_i = [τ_i > 0]): nothing captured needs a gradient. λ after flex.
+        qk, v = self.split_views(tensors)
+        B, H, T, D = v.shape
+        views, p, floor = len(qk) // 2, self.p, self.log_floor
+        tau = self.threshold(T, v.device)                                        # (T,)
+        passed = tau > 0
+        d, t = torch.where(passed, tau, torch.ones_like(tau)), passed.to(v.dtype)  # (T,) each; t needs no gradient
+        q = torch.cat([F.normalize(x, dim=-1) for x in qk[0::2]], 1) / d.to(v.dtype)[:, None]  # (B, views·H, T, d)
+        k = torch.cat([F.normalize(x, dim=-1) for x in qk[1::2]], 1)
+
+        def threshold_score(score, b, h, q_idx, kv_idx):  # log relu(q̃·k̂ - t_i)^p; -inf (weight 0) at or below
+            excess = score - t[q_idx]
+            return torch.where(excess > 0, p * torch.log(excess.clamp_min(floor)), float('-inf'))
+
+        y, aux = run_flex(q, k, v.repeat(1, views, 1, 1), score_mod=threshold_score, scale=1.0,
+                          block_mask=self.flex_masks(T, v.device) if masks is None else masks,
+                          return_aux=AuxRequest(lse=True))
+        y = (y * (aux.lse + p * torch.log(d)).exp().unsqueeze(-1)).view(B, views, H, T, D)  # Σ_j a_ij v_j per view
+        if self.two_views:
+            return self.head_norm((y[:, 0] - torch.sigmoid(self.lambda_logit) * y[:, 1]).to(v.dtype))
+        return self.head_norm(y[:, 0].to(v.dtype))
+
+    def ideal_flops(self, T):  # per view a score map d wide (matched: the halves, D/2), then one W v
+        views = 2 if self.two_views else 1
+        C = self.n_head * self.head_dim
+        return (2 * views * self.view_dim / self.head_dim + 2) * C * visible_keys(self, T).mean().item()
+
+    def new_cache(self):  # every normalised key of each view and every value: grows with the context
+        return KVCache()
+
+    def fill(self, cache, *tensors):
+        qk, v = self.split_views(tensors)
+        cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
+
+    def decode(self, *tensors, cache):  # what project returns for one token, (B, H, 1, D) each
+        qk, v = self.split_views(tensors)
+        tau = self.threshold(1, v.device, start=cache.pos)  # τ at the new token's absolute position
+        cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
+        *keys, values = cache.tensors()                      # (B, H, pos, D) each: every key is visible
+        queries = [F.normalize(q, dim=-1) for q in qk[0::2]]
+        return self.head_norm(self.threshold_weights([x for pair in zip(queries, keys) for x in pair], tau) @ values)
+
+    def attention_weights(self, *tensors):
+        """For analysis: the whole (B, H, T, T) matrix a¹ - λa² from what project returns (short T only): the weights
+        before the RMSNorm, which is not linear in v (so the frame's identity-basis weights do not apply)."""
+        qk, v = self.split_views(tensors)
+        T = v.size(2)
+        return self.weights_in_tile([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
