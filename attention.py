@@ -43,7 +43,8 @@ class Attention(nn.Module):
     has_bidirectional_form = False  # a causal=False form (the ViT); without it, building one is a ValueError
     has_cache = False               # new_cache / fill / decode: GPT.generate(use_cache=True)
     has_flex = False                # attend_flex: the same function through flex_attention (flex=True on CUDA)
-    fused = False                   # attend_fused: the same function through SDPA, forward's default (tests: False)
+    fused = False                   # attend_fused: the same function through one fused kernel (SDPA, or a rule's
+                                    # Triton kernel on CUDA: machinery/*_kernel.py), forward's default off flex
     # what the rest of the code reads, on Attention instances only
     projections = ('q', 'k', 'v')   # what project returns, in order; None: the rule brings its own projections
     no_decay = ()                   # names of parameters AdamW must not decay (model.configure_adamw)
@@ -97,8 +98,8 @@ class Attention(nn.Module):
         return self.flex and device.type in FLEX_DEVICES
 
     def path(self):
-        """What forward runs off flex, each the same function: attend_fused (SDPA) where the rule has it (fused),
-        else attend, the math path."""
+        """What forward runs off flex, each the same function: attend_fused (SDPA, or a rule's kernel) where the rule
+        has it (fused), else attend, the math path."""
         return self.attend_fused if self.fused else self.attend
 
     def project(self, x, offset=0):  # offset: the absolute position of x's first token (generation)

@@ -53,6 +53,15 @@ def triton_runs_on(device):
     return device.type == 'cpu' if interpreted() else device.type == 'cuda'
 
 
+KERNEL_DEVICES = ('cuda',)  # where a rule's forward takes its Triton kernel (kernel_on); tests add the interpreted CPU
+
+
+def kernel_on(x):
+    """True where a rule's attend_fused runs its Triton kernel on x's device: a device in KERNEL_DEVICES (CUDA) that
+    triton runs on. Elsewhere the rule's math path computes the same function."""
+    return x.device.type in KERNEL_DEVICES and triton_runs_on(x.device)
+
+
 def dot_precision(dtype):
     """tl.dot's input precision: float32 as float32 (not TF32, which rounds the scores a kernel selects on)."""
     return 'ieee' if dtype == torch.float32 else 'tf32'

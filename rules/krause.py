@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from attention import Attention, grid_mask, sliding_window_mask, topk_boundary, visible_keys
 from machinery.band import band_keys, band_layout, band_queries, band_strip, band_view, unband
 from machinery.caches import KVCache
+from machinery.krause_kernel import krause_band_attention
 from machinery.masks import band_mask, block_mask, dense_mask, run_flex
+from machinery.triton_available import kernel_on
 
 
 @dataclass
@@ -35,7 +37,7 @@ class KrauseAttention(Attention):
     (65 tokens) on every pair, as the official code computes it (`attend_dense`, also bench.py's reference).
     With mix=True, build_attention makes the paper's LM form: a softmax branch beside it (MixAttention).
     """
-    has_bidirectional_form, has_cache, has_flex = True, True, True
+    has_bidirectional_form, has_cache, has_flex, fused = True, True, True, True  # fused: the Triton band kernel
     Config = KrauseConfig
 
     def __init__(self, config, layer_idx):
@@ -100,8 +102,15 @@ class KrauseAttention(Attention):
         T = q.size(2)
         W, tile, lookback = band_layout(self.krause_window, T)
         weights = self.topk_softmax_within(self.scores(q, k, band=(tile, lookback)), self.neighbours(T, q.device),
-                                    lambda s: band_strip(s, W))          # (B, H, n, tile, tile+lookback)
+                                           lambda s: band_strip(s, W))   # (B, H, n, tile, tile+lookback)
         return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
+
+    def attend_fused(self, q, k, v):
+        """The GPT's band as one Triton kernel on CUDA (machinery/krause_kernel.py: the top k by an exact selection in
+        registers, flash-style backward); the math path elsewhere, for the ViT, and with dropout on the weights."""
+        if self.grid or not kernel_on(q) or (self.training and self.dropout):
+            return self.attend(q, k, v)
+        return krause_band_attention(q, k, v, self.log_sigma, self.krause_window, self.topk)
 
     def attend_dense(self, q, k, v):
         """Every (i, j) pair, a (B, H, T, T) matrix: the ViT's path, and the official code's way for the GPT."""

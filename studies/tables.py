@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from studies.systems import Metric
 
 # The every-rule table's rows: each rule's train.py arguments per system; 'causal' serves every GPT system the row does
-# not name. A value starting 'n/a' says why the row has no such run. A rule registered in attention.ATTENTION and not
+# not name. A value starting 'n/a' says why the row has no such run. A rule registered in rules.ATTENTION and not
 # named here runs with its defaults (ablate.every_rule_rows).
 ROWS = {
     'softmax': {'causal': '--attention=softmax', 'vit': '--attention=softmax'},
