@@ -3,9 +3,9 @@ Krause attention on the causal band as Triton kernels: per query i the W keys i-
 σ⁻²‖k_j‖²/2 (σ per head), each row's top k kept by the boundary halfway between its k-th and (k+1)-th score (a tie at
 the k-th keeps all of it; a row reaching k keys or fewer keeps them all), a softmax over the kept keys, y = Σ w v.
 Forward: one program per block of BLOCK_M queries holds the band's scores in registers, as two tiles (the LEFT keys
-before the block, the block's own keys on the diagonal), and finds each row's k-th score by a radix select on the
-order-preserving int32 image of the float32 scores: a bisection on that image, 32 counting passes, exact, nothing
-sorted and no score written to memory. It saves each row's boundary and log-sum-exp. Backward recomputes the scores
+before the block, the block's own keys on the diagonal), and finds each row's k-th score by a bisection on the
+scores' values that ends a row as soon as exactly k scores lie at or above its midpoint (about log2(W) counting
+passes; exact: a tie at the k-th runs on to adjacent floats), nothing sorted and no score written to memory. It saves each row's boundary and log-sum-exp. Backward recomputes the scores
 flash-style from them (one kernel per key block for dk, dv and σ's gradient, one per query block for dq); the
 boundary carries no gradient, as in the math path.
 """
@@ -36,34 +36,42 @@ def in_window(rows, cols, W):  # (M, N): key j within query i's window, i - W < 
 
 
 @jit
-def order_image(s, reach):  # float32 -> int32 of the same order; unreached: INT_MIN (below every finite score)
-    bits = s.to(tl.int32, bitcast=True)
-    return tl.where(reach, tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF), -2147483648)
+def count_at_least(a_left, a_diag, t):  # per row: how many reached scores are >= t (M,); unreached are -inf
+    return tl.sum((a_left >= t[:, None]).to(tl.int32), 1) + tl.sum((a_diag >= t[:, None]).to(tl.int32), 1)
 
 
 @jit
-def count_at_least(x_left, x_diag, t):  # per row: how many images are >= t (M,)
-    return tl.sum((x_left >= t[:, None]).to(tl.int32), 1) + tl.sum((x_diag >= t[:, None]).to(tl.int32), 1)
+def tiles_max(a_left, a_diag):  # (M,) the largest of a row's two tiles
+    return tl.maximum(tl.max(a_left, 1), tl.max(a_diag, 1))
 
 
 @jit
-def topk_boundary(s_left, reach_left, s_diag, reach_diag, TOPK, BLOCK_M: tl.constexpr):
-    """Each row's boundary (M,): halfway between its k-th and (k+1)-th largest reached score; -inf where a row
-    reaches k keys or fewer. The k-th is the largest t with count(image >= t) >= k, found by bisection on int32."""
-    x_left, x_diag = order_image(s_left, reach_left), order_image(s_diag, reach_diag)
-    low = tl.full((BLOCK_M,), -2147483648, tl.int64)  # count(>= low) >= k holds (or the row has fewer than k)
-    high = tl.full((BLOCK_M,), 2147483647, tl.int64)
-    for _ in range(32):  # 2^32 candidates, halved each pass
-        mid = low + (high - low + 1) // 2
-        enough = count_at_least(x_left, x_diag, mid.to(tl.int32)) >= TOPK
-        low = tl.where(enough, mid, low)
-        high = tl.where(enough, high, mid - 1)
-    kth_image = low.to(tl.int32)
-    kth = tl.where(kth_image >= 0, kth_image, kth_image ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    below = tl.maximum(tl.max(tl.where(reach_left & (x_left < kth_image[:, None]), s_left, float('-inf')), 1),
-                       tl.max(tl.where(reach_diag & (x_diag < kth_image[:, None]), s_diag, float('-inf')), 1))
-    following = tl.where(count_at_least(x_left, x_diag, kth_image) > TOPK, kth, below)  # the (k+1)-th
+def topk_boundary(s_left, reach_left, s_diag, reach_diag, TOPK):
+    """Each row's boundary (M,): halfway between its k-th and (k+1)-th largest reached score, as the math path's
+    topk_boundary; -inf where a row reaches k keys or fewer. Any t with exactly k scores >= t keeps the same keys, so
+    a bisection on the scores' values between the row's least and largest (count(>= lo) >= k > count(>= hi)) ends a
+    row as soon as count(>= mid) == k, or when no float lies between lo and hi (then the k-th is lo, and a tie at
+    it keeps all of it): about log2(W) counting passes, exact. Then the k-th and (k+1)-th themselves, and their
+    mean."""
+    a_left, a_diag = tl.where(reach_left, s_left, float('-inf')), tl.where(reach_diag, s_diag, float('-inf'))
     reached = tl.sum(reach_left.to(tl.int32), 1) + tl.sum(reach_diag.to(tl.int32), 1)
+    hi = tiles_max(a_left, a_diag)
+    lo = -tiles_max(tl.where(reach_left, -s_left, float('-inf')), tl.where(reach_diag, -s_diag, float('-inf')))
+    active = (reached > TOPK) & (count_at_least(a_left, a_diag, hi) < TOPK)  # else the k-th is the largest
+    t = tl.where(active, lo, hi)  # a threshold with exactly k scores at or above it, once found
+    while tl.max(active.to(tl.int32), 0) > 0:
+        mid = lo + (hi - lo) * 0.5
+        inside = active & (mid > lo) & (mid < hi)
+        count = count_at_least(a_left, a_diag, mid)
+        lo = tl.where(inside & (count >= TOPK), mid, lo)
+        hi = tl.where(inside & (count < TOPK), mid, hi)
+        t = tl.where(inside & (count == TOPK), mid, tl.where(active & ~inside, lo, t))
+        active = inside & (count != TOPK)
+    kth = -tiles_max(tl.where(a_left >= t[:, None], -a_left, float('-inf')),
+                   tl.where(a_diag >= t[:, None], -a_diag, float('-inf')))  # the least score >= t
+    below = tiles_max(tl.where(a_left < kth[:, None], a_left, float('-inf')),
+                    tl.where(a_diag < kth[:, None], a_diag, float('-inf')))
+    following = tl.where(count_at_least(a_left, a_diag, kth) > TOPK, kth, below)  # the (k+1)-th
     return tl.where(reached > TOPK, (kth + following) * 0.5, float('-inf'))
 
 
@@ -82,7 +90,7 @@ def krause_forward_kernel(Q, K, V, INV_VAR, Y, LSE, BOUNDARY,
     k_left, k_diag = load_rows(K, skt, left, dims, T, D), load_rows(K, skt, rows, dims, T, D)
     s_left, s_diag = band_scores(q, k_left, inv_var, PRECISION), band_scores(q, k_diag, inv_var, PRECISION)
     reach_left, reach_diag = in_window(rows, left, W), in_window(rows, rows, W)
-    boundary = topk_boundary(s_left, reach_left, s_diag, reach_diag, TOPK, BLOCK_M)
+    boundary = topk_boundary(s_left, reach_left, s_diag, reach_diag, TOPK)
     row_max = tl.maximum(tl.max(tl.where(reach_left, s_left, float('-inf')), 1),
                          tl.max(tl.where(reach_diag, s_diag, float('-inf')), 1))  # the largest is always kept
     p_left = tl.where(reach_left & (s_left >= boundary[:, None]), tl.exp(s_left - row_max[:, None]), 0.0)

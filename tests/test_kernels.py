@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import AttentionConfig, build_attention
+import rules.krause
+import rules.tda
 from machinery.triton_available import triton, triton_runs_on
+from rules import AttentionConfig, build_attention
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 pytestmark = pytest.mark.skipif(not triton_runs_on(DEVICE),
@@ -18,15 +20,17 @@ pytestmark = pytest.mark.skipif(not triton_runs_on(DEVICE),
 T = 150  # no multiple of any block
 
 
-def tda_kernel_attend(attn, *tensors):
-    """The TDA rule's attend with its sum over keys in the kernel: the views normalised, τ and λ, the RMSNorm after."""
-    from machinery.tda_kernel import tda_attention
-    qk, v = attn.split_views(tensors)
-    qk = [F.normalize(t, dim=-1) for t in qk]
-    tau = attn.threshold(v.size(2), v.device)
-    lam = torch.sigmoid(attn.lambda_logit) if attn.differential else None
-    q2, k2 = qk[2:] if attn.differential else (None, None)
-    return attn.head_norm(tda_attention(qk[0], qk[1], q2, k2, v, tau, lam, attn.p, attn.causal))
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The rules' attend_fused on their kernels here too (the CPU through the interpreter: KERNEL_DEVICES), each call
+    of a kernel counted, so that a comparison cannot pass by falling back to the math path."""
+    import machinery.triton_available as available
+    monkeypatch.setattr(available, 'KERNEL_DEVICES', ('cuda', 'cpu'))
+    calls = []
+    for module, name in ((rules.krause, 'krause_band_attention'), (rules.tda, 'tda_attention')):
+        kernel = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, kernel=kernel, name=name: calls.append(name) or kernel(*args))
+    return calls
 
 
 def compare(attn, attend, tensors, names, tolerance=1e-5):
@@ -70,17 +74,18 @@ TDA_CASES = [(True, True, False, 2.0), (False, True, False, 2.0), (True, False, 
 
 
 @pytest.mark.parametrize('causal,differential,matched,p', TDA_CASES)
-def test_tda_kernel_equals_math(causal, differential, matched, p):
+def test_tda_kernel_equals_math(causal, differential, matched, p, kernel_calls):
     attn = tda_module(causal, differential, matched, p)
     tensors = tda_inputs(attn)
     weights = attn.attention_weights(*tensors)
     visible = torch.ones(T, T, device=DEVICE).tril().bool() if causal else torch.ones(T, T, device=DEVICE).bool()
     assert 0.2 < (weights == 0)[..., visible].float().mean().item() < 0.99  # weights that pass and that do not
-    compare(attn, lambda *t: tda_kernel_attend(attn, *t), tensors, attn.projections)
+    compare(attn, attn.attend_fused, tensors, attn.projections)
+    assert kernel_calls == ['tda_attention']
 
 
 @pytest.mark.parametrize('skip', [True, False])
-def test_tda_kernel_skips_a_key_block_without_survivors(skip, monkeypatch):
+def test_tda_kernel_skips_a_key_block_without_survivors(skip, monkeypatch, kernel_calls):
     """Keys 64..127 all zero: every score there is 0 < τ, so those key blocks' value products are skipped (or not);
     the same function either way."""
     import machinery.tda_kernel as kernel
@@ -89,13 +94,8 @@ def test_tda_kernel_skips_a_key_block_without_survivors(skip, monkeypatch):
     tensors = tda_inputs(attn)
     for i in (1, 3):  # k1, k2
         tensors[i][:, :, 64:128] = 0
-    compare(attn, lambda *t: tda_kernel_attend(attn, *t), tensors, attn.projections)
-
-
-def krause_kernel_attend(attn, q, k, v):
-    """The Krause rule's band in the kernel: W keys per query, the top k kept, a softmax over them."""
-    from machinery.krause_kernel import krause_band_attention
-    return krause_band_attention(q, k, v, attn.log_sigma, attn.krause_window, attn.topk)
+    compare(attn, attn.attend_fused, tensors, attn.projections)
+    assert kernel_calls
 
 
 def krause_module(W, topk):
@@ -114,13 +114,14 @@ def krause_inputs(seed=0):
 # (W, k): the GPT setting; a narrow window; W = k (every row keeps all); W no power of two with a wider left tile
 # (32-query blocks); in each, the first rows reach k keys or fewer and keep them all
 @pytest.mark.parametrize('W,topk', [(32, 16), (8, 3), (20, 20), (100, 60), (128, 96)])
-def test_krause_kernel_equals_math(W, topk):
+def test_krause_kernel_equals_math(W, topk, kernel_calls):
     attn = krause_module(W, topk)
     # scores of tens (σ = 0.7): float32 rounds them by ~1e-6, which exp carries into every output and gradient
-    compare(attn, lambda *t: krause_kernel_attend(attn, *t), krause_inputs(), 'qkv', tolerance=1e-4)
+    compare(attn, attn.attend_fused, krause_inputs(), 'qkv', tolerance=1e-4)
+    assert kernel_calls
 
 
-def test_krause_kernel_keeps_every_key_tied_at_the_kth():
+def test_krause_kernel_keeps_every_key_tied_at_the_kth(kernel_calls):
     """Keys 40..89 identical: their scores tie exactly, at and around each row's k-th, and the rows keep every tied
     key (the math path's boundary halfway between the k-th and the (k+1)-th: >= keeps the tie)."""
     attn = krause_module(32, 16)
@@ -128,4 +129,20 @@ def test_krause_kernel_keeps_every_key_tied_at_the_kth():
     k[:, :, 40:90] = k[:, :, 40:41]
     scores = attn.scores(q, k)[..., 89, 58:90]  # row 89's window: 32 keys, all tied
     assert (scores == scores[..., :1]).all()
-    compare(attn, lambda *t: krause_kernel_attend(attn, *t), [q, k, v], 'qkv', tolerance=1e-4)
+    compare(attn, attn.attend_fused, [q, k, v], 'qkv', tolerance=1e-4)
+    assert kernel_calls
+
+
+@pytest.mark.parametrize('scale', [2.0 ** -10, 1.0])
+def test_krause_kernel_selects_exactly_at_any_scale(scale, kernel_calls):
+    """Whole-number q and k (σ = 1 and 2: σ⁻² exact) scaled by a power of two: every score is exact in float32 in any
+    order of summation, crowded near 0 (~1e-4) or spread over hundreds, and ties abound; the kernel keeps
+    exactly the math path's keys, so the outputs and gradients agree to float32's rounding of exp."""
+    attn = krause_module(32, 16)
+    with torch.no_grad():
+        attn.log_sigma.copy_(torch.log(torch.tensor([1.0, 2.0])))
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randint(-4, 5, (1, 2, T, 16), generator=g).float().to(DEVICE) * scale for _ in range(2))
+    v = torch.randn(1, 2, T, 16, generator=g).to(DEVICE)
+    compare(attn, attn.attend_fused, [q, k, v], 'qkv', tolerance=1e-4)
+    assert kernel_calls
