@@ -21,8 +21,9 @@ each beside causal flash softmax (SDPA) in the same run, with peak memory; --pro
 case's top operations (torch.profiler, one step after the timing). The flex paths on a GPU, e.g.:
 $ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_layer=12 \
       --n_head=12 --n_embd=768 --bias=False --batch_size=12 --seq_lens=1024,4096,8192 --profile=True
---kernel=True adds the rule's Triton kernel path (machinery/*_kernel.py; Krause's band, TDA, the mix's Krause or TDA
-branch) beside flash and the flex path, in the same run; --pace_step=False times the attention alone.
+--kernel=True adds the rule off flex, its fused path: the Triton kernel on CUDA (machinery/*_kernel.py; Krause's
+band, TDA, the mix's Krause or TDA branch), beside flash and the flex path in the same run; --pace_step=False times
+the attention alone; with --compile=True the attention alone is compiled too.
 
 --mode=generate: decoding with the KV cache (GPT.generate). For each context length T, the ms per
 new token of a GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside
@@ -70,7 +71,7 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'
 compile = False             # model and pace modes: torch.compile the model (CUDA)
 profile = False             # pace mode: print each case's top operations (torch.profiler)
-kernel = False              # pace mode: also the rule's Triton kernel path (CUDA, triton installed)
+kernel = False              # pace mode: also the rule off flex, its Triton kernel on CUDA (triton installed)
 kernel_graph_break = False  # pace mode: the kernels outside the compiled graph (torch.compiler.disable)
 pace_step = True            # pace mode: also the whole GPT train step (False: the attention alone)
 live_memory = False         # CPU: blocks of 64 KiB and up mapped from the start, so a peak is the live tensors',
@@ -272,13 +273,11 @@ def bench_attention():
         report({**row, 'vs_softmax': row['ms'] / base_ms[row['T']]})
 
 
-def model_case(T, setup=None, **overrides):
+def model_case(T, **overrides):
     """(model, step): a GPT of the settings (and overrides) for T tokens, and a closure running one
-    train step; setup(model), if given, before it is compiled."""
+    train step."""
     cfg = dataclass_values(GPTConfig, globals(), block_size=T, vocab_size=50304, **overrides)
     model = GPT(GPTConfig(**cfg)).to(device)
-    if setup:
-        setup(model)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if is_cuda else 'cpu')
     step_model = torch.compile(model) if compile and is_cuda else model
     ctx = precision(device, dtype)[2]
@@ -307,25 +306,27 @@ def bench_model():
 
 
 def bench_pace():
-    """Per length: flash softmax and the rule (its flex path with flex=True, and its Triton kernel path with
-    kernel=True), attention alone and the whole model, in one run; ratios to softmax, each row printed as it is
-    measured."""
+    """Per length: flash softmax and the rule (its flex path with flex=True; off flex with kernel=True, its fused path:
+    the Triton kernel on CUDA), attention alone and the whole model, in one run; ratios to softmax, each row printed
+    as it is measured."""
+    if kernel_graph_break:
+        keep_kernels_out_of_graphs()
     softmax = dict(attention='softmax', window=0, mix=False, flex=False)
     name = attention + ('-mix' if mix else '')
-    paths = [('softmax sdpa', softmax, None), (name + (' flex' if flex and is_cuda else ''), {}, None)]
-    if kernel:
-        paths.append((name + ' kernel', dict(flex=True), use_kernels))
+    paths = [('softmax sdpa', softmax)]
+    if flex and is_cuda:
+        paths.append((name + ' flex', {}))
+    if kernel or not (flex and is_cuda):
+        paths.append((name + (' kernel' if kernel else ''), dict(flex=False)))
     for T in [int(s) for s in str(seq_lens).split(',')]:
         cases, base = [], {}
-        for label, overrides, setup in paths:
+        for label, overrides in paths:
             config = attention_config(block_size=T, causal=True, **overrides)
             module = build_attention(config, 0).to(device, ptdtype)
-            if setup:
-                setup(module)
             attend = module.attend_flex if module.uses_flex(torch.device(device)) else module.path()
-            kinds = [('attend', lambda: attention_case(module, attend, T))]
+            kinds = [('attend', lambda: attention_case(module, compiled(attend), T))]
             if pace_step:
-                kinds.append(('model', lambda: model_case(T, setup, **overrides)[1]))
+                kinds.append(('model', lambda: model_case(T, **overrides)[1]))
             for kind, make in kinds:
                 case = (dict(attention=label, path=kind, T=T, device=device), make())
                 row, = measure([case], warmup=2)
@@ -340,30 +341,16 @@ def bench_pace():
                 print_profile(f"{row['attention']} {row['path']} T={T}", fn)
 
 
-def use_kernels(model):
-    """Each Krause or TDA layer of a model or module (a mix's branch too) with its Triton kernel in place of
-    attend_flex: the kernel path, until each rule names its own."""
-    from attention import KrauseAttention, ThresholdDifferentialAttention
-    from machinery.krause_kernel import krause_band_attention
-    from machinery.tda_kernel import tda_attention
-    wrap = torch.compiler.disable if kernel_graph_break else (lambda fn: fn)
-    for layer in model.modules():
-        if isinstance(layer, KrauseAttention) and not layer.grid:
-            layer.attend_flex = wrap(lambda q, k, v, masks=None, layer=layer: krause_band_attention(
-                q, k, v, layer.log_sigma, layer.krause_window, layer.topk))
-        elif isinstance(layer, ThresholdDifferentialAttention):
-            layer.attend_flex = wrap(lambda *tensors, masks=None, layer=layer: tda_kernel_attend(layer, tensors))
+def compiled(fn):  # with compile on CUDA, the attention alone compiled as in the model (its norms fused)
+    return torch.compile(fn) if compile and is_cuda else fn
 
 
-def tda_kernel_attend(layer, tensors):  # TDA's attend with its sum over keys in the kernel
-    import torch.nn.functional as F
-    from machinery.tda_kernel import tda_attention
-    qk, v = layer.split_views(tensors)
-    qk = [F.normalize(t, dim=-1) for t in qk]
-    lam = torch.sigmoid(layer.lambda_logit) if layer.differential else None
-    q2, k2 = qk[2:] if layer.differential else (None, None)
-    y = tda_attention(qk[0], qk[1], q2, k2, v, layer.threshold(v.size(2), v.device), lam, layer.p, layer.causal)
-    return layer.head_norm(y)
+def keep_kernels_out_of_graphs():
+    """kernel_graph_break: each rule's Triton kernel called outside the compiled graph (torch.compiler.disable)."""
+    import rules.krause
+    import rules.tda
+    for module, name in ((rules.krause, 'krause_band_attention'), (rules.tda, 'tda_attention')):
+        setattr(module, name, torch.compiler.disable(getattr(module, name)))
 
 
 def print_profile(title, fn):

@@ -6,7 +6,6 @@ kernel is defined); on a GPU, compiled (tests/test_gpu.py adds bfloat16 and long
 (B=1, H=2, D=16): the interpreter runs each program in Python."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 import rules.krause
 import rules.tda
