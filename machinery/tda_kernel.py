@@ -2,7 +2,8 @@
 TDA's thresholded attention as Triton kernels: y_i = Σ_j (relu(q1_i·k1_j - τ_i)^p - λ relu(q2_i·k2_j - τ_i)^p) v_j
 (j <= i causal, every j otherwise) in one pass over the key blocks, with no softmax statistics: the weights are the
 rectified excesses themselves. Causal key blocks above the diagonal are never visited. The backward recomputes the
-scores (one kernel per key block for dk, dv; one per query block for dq, dτ, dλ), so nothing T×T is kept.
+scores (one kernel per key block for dk, dv; one per query block for dq, dτ, dλ), so nothing T×T is kept. Where
+94-99% of the weights are exact zeros, a block whose every score falls below τ skips its value products both ways.
 q, k arrive L2-normalised per view (the rule normalises, autograd flows through that); τ (T,) and λ (a scalar tensor)
 get their gradients; p >= 1 is fixed (p = 1, 2 without a pow).
 """
@@ -12,7 +13,7 @@ from machinery.band import cdiv
 from machinery.triton_available import dot_precision, jit, tl, triton
 
 BLOCK_M, BLOCK_N = 64, 64  # queries per program, keys per step
-SKIP_EMPTY_BLOCKS = True   # skip the value product of a key block whose weights are all 0 (every score below τ)
+SKIP_EMPTY_BLOCKS = True   # skip a block's value products, forward and backward, where every score is below τ
 
 
 @jit
@@ -46,6 +47,13 @@ def view_scores(Q, K, sq, sk, rows, cols, dims, T, d, PRECISION: tl.constexpr): 
     q = load_rows(Q, sq, rows, dims, T, d)
     k = load_rows(K, sk, cols, dims, T, d)
     return tl.dot(q, tl.trans(k), input_precision=PRECISION), q, k
+
+
+@jit
+def has_excess(x1, x2, visible, SKIP_EMPTY: tl.constexpr):  # a block with work: an excess > 0 (any, unless SKIP_EMPTY)
+    if SKIP_EMPTY:
+        return tl.max(tl.where(visible & ((x1 > 0) | (x2 > 0)), 1, 0)) > 0
+    return tl.max(tl.where(visible, 1, 1)) > 0
 
 
 @jit
@@ -91,7 +99,7 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
                              sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
                              svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D, p,
                              TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
-                             PRECISION: tl.constexpr,
+                             SKIP_EMPTY: tl.constexpr, PRECISION: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr,
                              BLOCK_D: tl.constexpr):
     """One key block: dv_j = Σ_i a_ij dy_i, dk_j = Σ_i ds_ij q_i per view (ds = ∂y/∂s through the weights). The
@@ -115,19 +123,25 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
         visible = causal_visible(rows, cols, T, CAUSAL) & (rows[:, None] < T)
         tau = tl.load(TAU + rows, mask=rows < T, other=0.0)[:, None]
         q1 = load_rows(Q1, sq1t, rows, dims, T, d)
-        a, g1 = excess_power(tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau, p, P_MODE)
-        dy = load_rows(DY, sdyt, rows, vdims, T, D)
-        da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)          # ∂y/∂a_ij = dy_i·v_j, (M, N)
-        ds1 = tl.where(visible, da * g1, 0.0)
-        dk1 += tl.dot(tl.trans(ds1).to(q1.dtype), q1, input_precision=PRECISION)
+        x1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau                # the excesses s - τ, (M, N)
+        q2, x2 = q1, x1
         if TWO_VIEWS:
             q2 = load_rows(Q2, sq2t, rows, dims, T, d)
-            a2, g2 = excess_power(tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau, p, P_MODE)
-            a = a - lam * a2
-            ds2 = tl.where(visible, -lam * da * g2, 0.0)
-            dk2 += tl.dot(tl.trans(ds2).to(q2.dtype), q2, input_precision=PRECISION)
-        a = tl.where(visible, a, 0.0)
-        dv += tl.dot(tl.trans(a).to(dy.dtype), dy, input_precision=PRECISION)
+            x2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau
+        # a block where no excess is positive has a = 0 and ∂a/∂s = 0: it adds nothing to dk or dv
+        if has_excess(x1, x2, visible, SKIP_EMPTY):
+            a, g1 = excess_power(x1, p, P_MODE)
+            dy = load_rows(DY, sdyt, rows, vdims, T, D)
+            da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)      # ∂y/∂a_ij = dy_i·v_j, (M, N)
+            ds1 = tl.where(visible, da * g1, 0.0)
+            dk1 += tl.dot(tl.trans(ds1).to(q1.dtype), q1, input_precision=PRECISION)
+            if TWO_VIEWS:
+                a2, g2 = excess_power(x2, p, P_MODE)
+                a = a - lam * a2
+                ds2 = tl.where(visible, -lam * da * g2, 0.0)
+                dk2 += tl.dot(tl.trans(ds2).to(q2.dtype), q2, input_precision=PRECISION)
+            a = tl.where(visible, a, 0.0)
+            dv += tl.dot(tl.trans(a).to(dy.dtype), dy, input_precision=PRECISION)
     out = bh * T * d + cols[:, None] * d + dims[None, :]
     mask = (cols[:, None] < T) & (dims[None, :] < d)
     tl.store(DK1 + out, dk1, mask=mask)
@@ -141,7 +155,7 @@ def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU,
                                 sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
                                 svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D, p,
                                 TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
-                                PRECISION: tl.constexpr,
+                                SKIP_EMPTY: tl.constexpr, PRECISION: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr,
                                 BLOCK_D: tl.constexpr):
     """One query block: dq_i = Σ_j ds_ij k_j per view, dτ_i = -Σ_j (ds1_ij + ds2_ij), and row i's share of
@@ -165,20 +179,26 @@ def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU,
     for start in range(0, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         visible = causal_visible(rows, cols, T, CAUSAL)
-        v = load_rows(V, svt, cols, vdims, T, D)
-        da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)
         k1 = load_rows(K1, sk1t, cols, dims, T, d)
-        _, g1 = excess_power(tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau, p, P_MODE)
-        ds1 = tl.where(visible, da * g1, 0.0)
-        dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PRECISION)
-        dtau -= tl.sum(ds1, 1)
+        x1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau                # the excesses s - τ, (M, N)
+        k2, x2 = k1, x1
         if TWO_VIEWS:
             k2 = load_rows(K2, sk2t, cols, dims, T, d)
-            a2, g2 = excess_power(tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau, p, P_MODE)
-            ds2 = tl.where(visible, -lam * da * g2, 0.0)
-            dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PRECISION)
-            dtau -= tl.sum(ds2, 1)
-            dlam -= tl.sum(tl.where(visible, da * a2, 0.0), 1)
+            x2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau
+        # a block where no excess is positive adds nothing to dq, dτ or dλ
+        if has_excess(x1, x2, visible, SKIP_EMPTY):
+            v = load_rows(V, svt, cols, vdims, T, D)
+            da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)
+            _, g1 = excess_power(x1, p, P_MODE)
+            ds1 = tl.where(visible, da * g1, 0.0)
+            dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PRECISION)
+            dtau -= tl.sum(ds1, 1)
+            if TWO_VIEWS:
+                a2, g2 = excess_power(x2, p, P_MODE)
+                ds2 = tl.where(visible, -lam * da * g2, 0.0)
+                dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PRECISION)
+                dtau -= tl.sum(ds2, 1)
+                dlam -= tl.sum(tl.where(visible, da * a2, 0.0), 1)
     out = bh * T * d + rows[:, None] * d + dims[None, :]
     mask = (rows[:, None] < T) & (dims[None, :] < d)
     tl.store(DQ1 + out, dq1, mask=mask)
@@ -232,10 +252,11 @@ class TDAKernel(torch.autograd.Function):
         dtau = torch.empty(B * H, T, dtype=torch.float32, device=v.device)
         dlam = torch.empty(B * H, T, dtype=torch.float32, device=v.device)
         tda_backward_keys_kernel[(cdiv(T, BLOCK_N), B * H)](
-            *args['tensors'], dy, dk1, dk2, dv, *args['strides'], *bh_t_strides(dy), *args['sizes'], **args['flags'])
+            *args['tensors'], dy, dk1, dk2, dv, *args['strides'], *bh_t_strides(dy), *args['sizes'], **args['flags'],
+            SKIP_EMPTY=SKIP_EMPTY_BLOCKS)
         tda_backward_queries_kernel[(cdiv(T, BLOCK_M), B * H)](
             *args['tensors'], dy, dq1, dq2, dtau, dlam, *args['strides'], *bh_t_strides(dy), *args['sizes'],
-            **args['flags'])
+            **args['flags'], SKIP_EMPTY=SKIP_EMPTY_BLOCKS)
         dtau = dtau.sum(0).to(ctx.tau_dtype)
         if not ctx.two_views:
             return dq1, dk1, None, None, dv, dtau, None, None, None
