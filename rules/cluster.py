@@ -65,6 +65,10 @@ class ClusterAttention(Attention):
         self.log_sharpness = nn.Parameter(torch.full((self.n_head,), math.log(config.cluster_sharpness)))
         self.lr_scale = {'seeds': config.cluster_seed_lr}
 
+    def attend(self, q, k, v):
+        kv1 = kv_one(k, v)  # (B, H, T, 2D+1)
+        return (self.attend_chunks if self.causal else self.attend_all)(q / math.sqrt(q.size(-1)), k, v, kv1)
+
     def soft_assign(self, k, seeds):
         """S: (B, H, T, m), each key's soft assignment to the seeds (H, m, D) or (B, H, m, D)."""
         seeds = F.normalize(seeds, dim=-1) * self.log_sharpness.exp().view(-1, 1, 1)  # s folded into the seeds
@@ -80,10 +84,6 @@ class ClusterAttention(Attention):
 
     def report(self, q, k, v):
         return cluster_usage(self.assignments(k))
-
-    def attend(self, q, k, v):
-        kv1 = kv_one(k, v)  # (B, H, T, 2D+1)
-        return (self.attend_chunks if self.causal else self.attend_all)(q / math.sqrt(q.size(-1)), k, v, kv1)
 
     def attend_all(self, q, k, v, kv1):  # bidirectional; q is already scaled by 1/√D
         S = self.assignments(k)

@@ -65,6 +65,22 @@ class KrauseAttention(Attention):
             self.grid = (grid_size, config.krause_radius, config.krause_metric)
             self.mask_mod = grid_mask(*self.grid)
 
+    def attend(self, q, k, v):
+        if self.grid:  # the ViT: 65 tokens, every pair
+            return self.attend_dense(q, k, v)
+        T = q.size(2)
+        W, tile, lookback = band_layout(self.krause_window, T)
+        weights = self.topk_softmax_within(self.scores(q, k, band=(tile, lookback)), self.neighbours(T, q.device),
+                                           lambda s: band_strip(s, W))   # (B, H, n, tile, tile+lookback)
+        return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
+
+    def attend_fused(self, q, k, v):
+        """The GPT's band as one Triton kernel on CUDA (machinery/krause_kernel.py: the top k by an exact selection in
+        registers, flash-style backward); the math path elsewhere, for the ViT, and with dropout on the weights."""
+        if self.grid or not kernel_on(q) or (self.training and self.dropout):
+            return self.attend(q, k, v)
+        return krause_band_attention(q, k, v, self.log_sigma, self.krause_window, self.topk)
+
     def inv_var(self):
         return torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head, (1, H, 1, 1)
 
@@ -95,22 +111,6 @@ class KrauseAttention(Attention):
         boundary = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
         scores = scores.masked_fill(scores < boundary, float('-inf'))
         return F.dropout(scores.softmax(-1), self.dropout, self.training)
-
-    def attend(self, q, k, v):
-        if self.grid:  # the ViT: 65 tokens, every pair
-            return self.attend_dense(q, k, v)
-        T = q.size(2)
-        W, tile, lookback = band_layout(self.krause_window, T)
-        weights = self.topk_softmax_within(self.scores(q, k, band=(tile, lookback)), self.neighbours(T, q.device),
-                                           lambda s: band_strip(s, W))   # (B, H, n, tile, tile+lookback)
-        return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
-
-    def attend_fused(self, q, k, v):
-        """The GPT's band as one Triton kernel on CUDA (machinery/krause_kernel.py: the top k by an exact selection in
-        registers, flash-style backward); the math path elsewhere, for the ViT, and with dropout on the weights."""
-        if self.grid or not kernel_on(q) or (self.training and self.dropout):
-            return self.attend(q, k, v)
-        return krause_band_attention(q, k, v, self.log_sigma, self.krause_window, self.topk)
 
     def attend_dense(self, q, k, v):
         """Every (i, j) pair, a (B, H, T, T) matrix: the ViT's path, and the official code's way for the GPT."""

@@ -84,6 +84,24 @@ class ThresholdDifferentialAttention(Attention):
         self.head_norm = nn.RMSNorm(self.head_dim, eps=config.tda_eps)
         self.mask_mod = causal_mask if self.causal else None  # after the threshold (weights); flex's BlockMask
 
+    def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v; matched: q, k, v), (B, H, T, D) each
+        qk, v = self.split_views(tensors)
+        qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
+        tau = self.threshold(T, v.device)
+        tile_output = lambda start, end, n_keys: self.weights_in_tile(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
+        return self.head_norm(tile_queries(tile_output, T, self.tile_weights, self.causal))  # (B, H, T, D)
+
+    def attend_fused(self, *tensors):
+        """The sum over keys as one Triton kernel on CUDA (machinery/tda_kernel.py: relu(s - τ)^p times v in one pass,
+        no softmax statistics, a backward that recomputes the scores); the math path elsewhere."""
+        qk, v = self.split_views(tensors)
+        if not kernel_on(v):
+            return self.attend(*tensors)
+        q1, k1, q2, k2 = [F.normalize(t, dim=-1) for t in qk] + [None] * (4 - len(qk))
+        lam = torch.sigmoid(self.lambda_logit) if self.two_views else None
+        y = tda_attention(q1, k1, q2, k2, v, self.threshold(v.size(2), v.device), lam, self.p, self.causal)
+        return self.head_norm(y)  # (B, H, T, D)
+
     def threshold(self, T, device, start=0):
         """τ per query, (T,): τ_i on the 0-based position i = start..start+T-1; without causality one τ for all,
         from the T keys. Generation passes start = the absolute position of the new token."""
@@ -127,24 +145,6 @@ class ThresholdDifferentialAttention(Attention):
             threshold = threshold.masked_fill(~tile_mask(causal_mask, start, end, n_keys, tau.device), float('inf'))
         return self.threshold_weights([t[:, :, start:end] if i % 2 == 0 else t[:, :, :n_keys] for i, t in enumerate(qk)],
                             threshold)
-
-    def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v; matched: q, k, v), (B, H, T, D) each
-        qk, v = self.split_views(tensors)
-        qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
-        tau = self.threshold(T, v.device)
-        tile_output = lambda start, end, n_keys: self.weights_in_tile(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
-        return self.head_norm(tile_queries(tile_output, T, self.tile_weights, self.causal))  # (B, H, T, D)
-
-    def attend_fused(self, *tensors):
-        """The sum over keys as one Triton kernel on CUDA (machinery/tda_kernel.py: relu(s - τ)^p times v in one pass,
-        no softmax statistics, a backward that recomputes the scores); the math path elsewhere."""
-        qk, v = self.split_views(tensors)
-        if not kernel_on(v):
-            return self.attend(*tensors)
-        q1, k1, q2, k2 = [F.normalize(t, dim=-1) for t in qk] + [None] * (4 - len(qk))
-        lam = torch.sigmoid(self.lambda_logit) if self.two_views else None
-        y = tda_attention(q1, k1, q2, k2, v, self.threshold(v.size(2), v.device), lam, self.p, self.causal)
-        return self.head_norm(y)  # (B, H, T, D)
 
     def attend_flex(self, *tensors, masks=None):
         # exp(score_mod) = relu(q̃·k̂ - t_i)^p with q̃ = q̂/d_i, so Σ_j a_ij v_j = d_i^p · y_i · exp(lse_i), y flex's
