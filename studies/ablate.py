@@ -96,6 +96,8 @@ harness_args = ''           # more studies/harness.py arguments for those (e.g. 
 dry_run = False             # print every run's command and cost (studies/cost.py) and the table's sum; train nothing
 gpu = 'H100'                # the dry run's GPU-hours: on this GPU (a key of support/runtime.PEAK_FLOPS)
 mfu = 0.4                   # at this model FLOPs utilisation
+nproc_per_node = 1          # each run's training on this many processes of the node (torchrun, DDP: a GPU each;
+                            # gloo processes on a CPU)
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 SOURCES = ('text_source', 'cifar_source', 'cifar100_source')  # the settings a System's `data` names
@@ -122,6 +124,7 @@ class Lab:
     dry_run: bool
     gpu: str
     mfu: float
+    nproc_per_node: int
 
     @property
     def folder(self):
@@ -223,6 +226,16 @@ def check_the_rest(c, name, system_names):
         raise ValueError(f"gpu={c['gpu']!r} has no peak FLOP/s here; pass --gpu=NAME, one of {', '.join(PEAK_FLOPS)}")
     if not 0 < c['mfu'] <= 1:
         raise ValueError(f"mfu={c['mfu']} is not a fraction of the peak; pass e.g. --mfu=0.4")
+    check_processes(c)
+
+
+def check_processes(c):
+    """ValueError where nproc_per_node asks for more GPUs than this node has (a CPU takes any count: gloo)."""
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if c['nproc_per_node'] < 1 or (gpus and c['nproc_per_node'] > gpus):
+        raise ValueError(f"nproc_per_node={c['nproc_per_node']} is not a process count this node runs (it has "
+                         f"{gpus} GPUs); pass --nproc_per_node=1 .. {max(gpus, 1)}")
 
 
 def lab_settings(c, given=()):
@@ -246,7 +259,7 @@ def lab_settings(c, given=()):
         arguments_of = {s: {r: row_arguments(every[r], s) for r in row_names} for s in system_names}
     return Lab(c['budget'], name, spec, system_names, row_names, rows_of, arguments_of, seed_list, c['out_root'],
                c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train_missing'],
-               c['dry_run'], c['gpu'], c['mfu'])
+               c['dry_run'], c['gpu'], c['mfu'], c['nproc_per_node'])
 
 
 # -----------------------------------------------------------------------------
@@ -343,11 +356,14 @@ def first_run(lab, run):
     return base_run(lab, run)
 
 
-def launched(script, args, log_path):
-    """A script of the repo in a process of its own, its output added to log_path; Failed with its error: line."""
+def launched(script, args, log_path, nproc=1):
+    """A script of the repo in a process of its own (nproc > 1: that many under torchrun, as README's DDP line), its
+    output added to log_path; Failed with its error: line."""
+    ddp = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}'] if nproc > 1 else []
     with open(log_path, 'a') as f:  # a run stopped and started again keeps both attempts' output
         start = f.tell()
-        code = subprocess.run([sys.executable, script, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run([sys.executable, *ddp, script, *args], cwd=ROOT, stdout=f,
+                              stderr=subprocess.STDOUT).returncode
     if code:
         with open(log_path) as f:
             f.seek(start)
@@ -375,11 +391,11 @@ def train_run(lab, run):
     if os.path.exists(os.path.join(folder, 'ckpt.pt')) and script == 'train.py':
         args.append('--init_from=resume')
     try:
-        launched(script, args, log)
+        launched(script, args, log, lab.nproc_per_node if script == 'train.py' else 1)
     except Failed as e:
         return {'error': str(e), 'log': log}
     write_atomically(os.path.join(folder, 'trained.json'), lambda tmp: write_text(tmp, json.dumps(
-        {'wall_s': time.time() - t0, 'args': args})))
+        {'wall_s': time.time() - t0, 'args': args, 'nproc_per_node': lab.nproc_per_node})))
     return None
 
 
@@ -886,10 +902,27 @@ def print_cost(lab):
           f"on 8 GPUs)")
 
 
+def check_accumulation(lab):
+    """ValueError where nproc_per_node does not divide a run's gradient_accumulation_steps (train.py's DDP splits a
+    step's micro-batches among the processes: N processes see the batch one would), before any run."""
+    if lab.nproc_per_node == 1:
+        return
+    from studies.cost import train_settings
+    for run in needed_runs(lab, planned_cells(lab)[1]).values():
+        script, args = run_command(lab, run)
+        steps = train_settings(args)['gradient_accumulation_steps'] if script == 'train.py' else 0
+        if steps % lab.nproc_per_node:
+            raise ValueError(f"nproc_per_node={lab.nproc_per_node} does not divide gradient_accumulation_steps={steps} "
+                             f"of {run.system} {run.row} at budget {lab.budget} (each process takes a share of a "
+                             f"step's micro-batches); pass --recipe=--gradient_accumulation_steps="
+                             f"{steps * lab.nproc_per_node} (a larger step), or a divisor of {steps}")
+
+
 def main():
     lab = check_or_exit(lab_settings, script_settings(globals()), overridden)  # before any work
     if lab.dry_run:
         return print_cost(lab)
+    check_or_exit(check_accumulation, lab)
     take_folder(lab)
     cells, todo = planned_cells(lab)
     run_cells(lab, cells, todo)

@@ -3,6 +3,8 @@ a table said before the first step (--dry_run); a cell on every process of a nod
 side by side (--cells_at_once) and cells as jobs (--launcher, submitit), each giving the serial run's cells."""
 import json
 
+import pytest
+
 from conftest import run_script
 from test_lab import tiny_text_table
 
@@ -47,3 +49,29 @@ def test_the_dry_run_says_each_runs_cost_and_the_tables_sum_and_trains_nothing(t
                         f"{hours(flops + cluster):,.1f} GPU-hours; to train: {cluster:.3g} FLOPs, "
                         f"{hours(cluster):,.1f} GPU-hours ({hours(cluster) / 8:,.1f} hours on 8 GPUs)")
     assert f"python train.py config/shakespeare_char.py --device=cpu" in out
+
+
+def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
+    """--nproc_per_node=2: each run trained by two gloo processes (train.py's DDP: each takes half of a step's
+    micro-batches of the same global batch) gives the cells of one process, up to the order of the gradient sums."""
+    accumulate = f'--recipe=--gradient_accumulation_steps=2 --data_dir={tmp_path / "chars"}'
+    source = tmp_path / 'input.txt'
+    source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    common = ['studies/ablate.py', '--table=tda', '--systems=text', '--rows=softmax', '--budget=tiny',
+              f'--text_source={source}', accumulate]
+    refused = run_script(*common[:-1], f'--out_root={tmp_path / "refused"}', '--nproc_per_node=2', check=False)
+    assert [line for line in refused.splitlines() if line.startswith('error:')] == [
+        "error: nproc_per_node=2 does not divide gradient_accumulation_steps=1 of text softmax at budget tiny (each "
+        "process takes a share of a step's micro-batches); pass --recipe=--gradient_accumulation_steps=2 (a larger "
+        "step), or a divisor of 1"] and not (tmp_path / 'refused').exists()
+    serial = run_script(*common, f'--out_root={tmp_path / "serial"}')
+    ddp = run_script(*common, f'--out_root={tmp_path / "ddp"}', '--nproc_per_node=2')
+    one, two = (json.loads((tmp_path / name / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
+                for name in ('serial', 'ddp'))
+    assert one['status'] == two['status'] == 'ok', ddp
+    trained = [tmp_path / name / cell['seeds']['1337']['run'] for name, cell in (('serial', one), ('ddp', two))]
+    assert [json.loads((t / 'trained.json').read_text())['nproc_per_node'] for t in trained] == [1, 2]
+    log = (trained[1] / 'train.log').read_text()
+    assert log.count('tokens per iteration will be: 512') == 1  # rank 0 says it: 2 steps of 8 rows of 32
+    a, b = one['seeds']['1337']['metrics'], two['seeds']['1337']['metrics']
+    assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a), (a, b)
