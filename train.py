@@ -230,9 +230,7 @@ if compile and device_type == 'cuda':
     model = torch.compile(model)
 if ddp:
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
-# evaluation forwards a different number of batches on each process, and DDP's forward broadcasts the buffers (RoPE's
-# tables), a collective every process must join: it runs the model inside the wrapper (compiled where it is)
-eval_model = model.module if ddp else model
+eval_model = model.module if ddp else model  # eval: batches differ per process; DDP's forward syncs RoPE's buffers
 
 
 @torch.no_grad()

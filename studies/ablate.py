@@ -50,7 +50,16 @@ checkpoint: a killed table goes on where it was. A rule with no form for a syste
 cell; a run that fails holds its error: line and its log's path, and the others go on. Writes table.md, table.json
 (in out_root, or out_root/TABLE), and a PNG per metric when matplotlib is installed. Times are the machine's: run
 nothing else on it meanwhile.
+
+The cost before the first step, and a node's GPUs:
+$ python studies/ablate.py --table=cluster --budget=paper --dry_run=True   # each run's command, parameters, tokens,
+                       # FLOPs and GPU-hours (studies/cost.py; --gpu=H100 --mfu=0.4), the runs done, the table's sum
+$ python studies/ablate.py --table=tda --budget=paper --nproc_per_node=8   # each run on 8 GPUs (torchrun, DDP)
+$ python studies/ablate.py --table=krause_vision --budget=paper --cells_at_once=8  # 8 runs at once, a GPU each
+--nproc_per_node must divide each run's gradient_accumulation_steps (DDP shares a step's micro-batches out), and
+cells_at_once × nproc_per_node GPUs must be there; scoring runs on one process (the first GPU of its cell's).
 """
+import collections
 import datetime
 import hashlib
 import json
@@ -60,7 +69,9 @@ import platform
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -98,6 +109,8 @@ gpu = 'H100'                # the dry run's GPU-hours: on this GPU (a key of sup
 mfu = 0.4                   # at this model FLOPs utilisation
 nproc_per_node = 1          # each run's training on this many processes of the node (torchrun, DDP: a GPU each;
                             # gloo processes on a CPU)
+cells_at_once = 1           # runs side by side, each on its own GPU (its own nproc_per_node GPUs), never two on one
+cells_on_cpu = False        # allow cells_at_once > 1 on a machine without GPUs (the runs share its cores: tests)
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 SOURCES = ('text_source', 'cifar_source', 'cifar100_source')  # the settings a System's `data` names
@@ -125,6 +138,7 @@ class Lab:
     gpu: str
     mfu: float
     nproc_per_node: int
+    cells_at_once: int
 
     @property
     def folder(self):
@@ -137,6 +151,11 @@ class Run(NamedTuple):
     system: str
     seed: int
     arguments: str          # the row's train.py arguments for the system
+
+
+SLOT = threading.local()  # .env: the GPUs this thread's runs are pinned to (CUDA_VISIBLE_DEVICES), cells_at_once > 1
+RUN_LOCKS = collections.defaultdict(threading.Lock)  # {run folder: its lock}: two cells never train one run at once
+RUN_LOCKS_HELD = threading.Lock()  # while a thread finds or makes a run's lock
 
 
 class Failed(Exception):
@@ -236,6 +255,13 @@ def check_processes(c):
     if c['nproc_per_node'] < 1 or (gpus and c['nproc_per_node'] > gpus):
         raise ValueError(f"nproc_per_node={c['nproc_per_node']} is not a process count this node runs (it has "
                          f"{gpus} GPUs); pass --nproc_per_node=1 .. {max(gpus, 1)}")
+    if c['cells_at_once'] < 1 or (gpus and c['cells_at_once'] * c['nproc_per_node'] > gpus):
+        raise ValueError(f"cells_at_once={c['cells_at_once']} runs of {c['nproc_per_node']} GPUs each do not fit "
+                         f"this node's {gpus} GPUs (never two on one); pass --cells_at_once=1 .. "
+                         f"{max(gpus // c['nproc_per_node'], 1)}")
+    if not gpus and c['cells_at_once'] > 1 and not c['cells_on_cpu']:
+        raise ValueError(f"cells_at_once={c['cells_at_once']} runs side by side on GPUs, and this machine has none; "
+                         f"pass --cells_at_once=1, or --cells_on_cpu=True to share the CPU's cores among them")
 
 
 def lab_settings(c, given=()):
@@ -259,7 +285,7 @@ def lab_settings(c, given=()):
         arguments_of = {s: {r: row_arguments(every[r], s) for r in row_names} for s in system_names}
     return Lab(c['budget'], name, spec, system_names, row_names, rows_of, arguments_of, seed_list, c['out_root'],
                c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train_missing'],
-               c['dry_run'], c['gpu'], c['mfu'], c['nproc_per_node'])
+               c['dry_run'], c['gpu'], c['mfu'], c['nproc_per_node'], c['cells_at_once'])
 
 
 # -----------------------------------------------------------------------------
@@ -281,7 +307,8 @@ def run_dir(lab, run):
     """Where a run is trained, once for every table: out_root/runs/SYSTEM/RULE-KEY-sSEED, KEY the hash of what
     determines it (run_key)."""
     digest = hashlib.sha256(run_key(lab, run).encode()).hexdigest()[:10]
-    return os.path.abspath(os.path.join(lab.out_root, 'runs', run.system, f'{run_label(lab, run)}-{digest}-s{run.seed}'))
+    name = f'{run_label(lab, run)}-{digest}-s{run.seed}'
+    return os.path.abspath(os.path.join(lab.out_root, 'runs', run.system, name))
 
 
 def run_label(lab, run):
@@ -362,8 +389,8 @@ def launched(script, args, log_path, nproc=1):
     ddp = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}'] if nproc > 1 else []
     with open(log_path, 'a') as f:  # a run stopped and started again keeps both attempts' output
         start = f.tell()
-        code = subprocess.run([sys.executable, *ddp, script, *args], cwd=ROOT, stdout=f,
-                              stderr=subprocess.STDOUT).returncode
+        code = subprocess.run([sys.executable, *ddp, script, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                              env={**os.environ, **getattr(SLOT, 'env', {})}).returncode
     if code:
         with open(log_path) as f:
             f.seek(start)
@@ -375,8 +402,16 @@ def train_run(lab, run):
     """Train one run unless it is trained (its trained.json), the run it starts from first; go on from its
     checkpoint where a stop left one. Returns None, or the failure {'error', 'log'}."""
     folder = run_dir(lab, run)
-    if os.path.exists(os.path.join(folder, 'trained.json')):
-        return None
+    with RUN_LOCKS_HELD:
+        lock = RUN_LOCKS[folder]
+    with lock:  # a base two cells side by side start from is trained by one, then read by both
+        if os.path.exists(os.path.join(folder, 'trained.json')):
+            return None
+        return train_missing_run(lab, run, folder)
+
+
+def train_missing_run(lab, run, folder):
+    """train_run of a run not trained yet, in `folder`."""
     first = first_run(lab, run)
     failed = first and train_run(lab, first)
     if failed:
@@ -570,13 +605,38 @@ def planned_cells(lab):
     return cells, todo
 
 
+def cell_results(lab, todo):
+    """(run, cell_run's result) of each run of `todo`: one after the other, or cells_at_once side by side, each
+    thread's runs pinned to GPUs of their own (CUDA_VISIBLE_DEVICES: nproc_per_node of them), in the order they end."""
+    if lab.cells_at_once == 1:
+        yield from ((run, cell_run(lab, run)) for run in todo)
+        return
+    import torch
+    slots = [{'CUDA_VISIBLE_DEVICES': ','.join(str(i * lab.nproc_per_node + g) for g in range(lab.nproc_per_node))}
+             if torch.cuda.is_available() else {} for i in range(lab.cells_at_once)]
+    free = collections.deque(slots)
+    held = threading.Lock()
+
+    def pinned(run):
+        with held:
+            SLOT.env = free.popleft()  # as many threads as slots: one is free
+        try:
+            return cell_run(lab, run)
+        finally:
+            with held:
+                free.append(SLOT.env)
+    with ThreadPoolExecutor(lab.cells_at_once) as pool:
+        futures = {pool.submit(pinned, run): run for run in todo}
+        yield from ((futures[f], f.result()) for f in as_completed(futures))
+
+
 def run_cells(lab, cells, todo):
     """Each run of `todo` into its cell (its result, or why it has none), with a bar of the runs to go."""
     finished = {run for run in todo if os.path.exists(os.path.join(cell_dir(lab, run), 'cell.json'))}
     progress = tqdm(total=len(todo), initial=len(finished), unit='run', dynamic_ncols=True)  # its ETA: runs to go
     try:
-        for run in todo:
-            cell, result = cells[run.row][run.system], cell_run(lab, run)
+        for run, result in cell_results(lab, todo):
+            cell = cells[run.row][run.system]
             if 'not_run' in result:
                 cell.update(status='not run', why=result['not_run'])
             elif 'error' in result:
@@ -585,6 +645,8 @@ def run_cells(lab, cells, todo):
             else:
                 cell['seeds'][str(run.seed)] = result
             progress.update(0 if run in finished else 1)
+        for cell in (cell for row in cells.values() for cell in row.values()):  # seeds in order, as they ended
+            cell['seeds'] = {str(n): cell['seeds'][str(n)] for n in lab.seeds if str(n) in cell['seeds']}
     except SystemExit as e:
         if e.code != 130:
             raise

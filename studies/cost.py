@@ -23,6 +23,7 @@ from attention import AttentionConfig
 from model import GPT, GPTConfig
 from prepare import ROOT, dataset_kind, default_data_dir
 from prepare.passkey import vocab_size as passkey_vocab
+from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, fine_tune_args
 from support.runtime import PEAK_FLOPS, dataclass_defaults, dataclass_values
 from vit import ViT, ViTConfig
@@ -83,7 +84,7 @@ def model_args(config, base_model_args=None):
                                bias=True, mlp_hidden=0, tie_weights=True, pos_emb='learned', attention='softmax',
                                mix=False, window=0, gelu_approximate='tanh')  # as support/pretrained.py reads it
     if base_model_args is None:  # a trained base's checkpoint
-        base_model_args = torch.load(start, map_location='cpu', mmap=True, weights_only=True)['model_args']
+        base_model_args = load_checkpoint(start, 'cpu', mmap=True)['model_args']
     return Model, ModelConfig, fine_tune_args({'name': start, 'model_args': base_model_args}, own,
                                               config['overridden'])
 

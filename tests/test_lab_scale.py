@@ -75,3 +75,15 @@ def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
     assert log.count('tokens per iteration will be: 512') == 1  # rank 0 says it: 2 steps of 8 rows of 32
     a, b = one['seeds']['1337']['metrics'], two['seeds']['1337']['metrics']
     assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a), (a, b)
+
+
+def test_cells_side_by_side_give_the_serial_tables_cells(tmp_path):
+    """--cells_at_once=2: two runs at once, each its own process (on a GPU node, its own GPU; here --cells_on_cpu
+    lets them share the CPU), the same cells as one after the other."""
+    common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax,krause']
+    run_script(*common, f'--out_root={tmp_path / "serial"}')
+    out = run_script(*common, f'--out_root={tmp_path / "two"}', '--cells_at_once=2', '--cells_on_cpu=True')
+    one, two = (json.loads((tmp_path / name / 'table.json').read_text())['rows'] for name in ('serial', 'two'))
+    metrics = lambda rows: {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}
+    assert metrics(one) == metrics(two) and all(r['recall']['status'] == 'ok' for r in two.values()), out
+    assert launches(tmp_path / 'two') == 2
