@@ -230,6 +230,7 @@ if compile and device_type == 'cuda':
     model = torch.compile(model)
 if ddp:
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
+eval_model = model.module if ddp else model  # eval: batches differ per process; DDP's forward syncs RoPE's buffers
 
 
 @torch.no_grad()
@@ -246,7 +247,7 @@ def estimate_loss():
         for ix in rows[ddp_rank::ddp_world_size]:
             X, Y = batches.load_batch(split, ix)
             with ctx:
-                logits, loss = model(X, Y)
+                logits, loss = eval_model(X, Y)
             right, asked = answer_counts(logits, Y)
             loss_sum, correct, counted = loss_sum + loss.item(), correct + right, counted + asked
         loss_sum, correct, counted = all_sum((loss_sum, correct, counted), device)
@@ -267,7 +268,7 @@ def evaluate_full():
     for ix in tqdm(mine, desc='eval_full', unit='batch', disable=not master_process, mininterval=2):
         X, Y = batches.load_batch('val', ix)
         with ctx:
-            logits, _ = model(X, Y)
+            logits, _ = eval_model(X, Y)
         logits, Y = logits.float().view(-1, logits.size(-1)), Y.reshape(-1)  # (B*T, V), (B*T,)
         loss = torch.nn.functional.cross_entropy(logits, Y, ignore_index=-1, reduction='sum')
         right, asked = answer_counts(logits, Y)

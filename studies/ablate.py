@@ -39,14 +39,29 @@ At the paper budget the language models' cells add the paper's zero-shot tasks, 
 SCROLLS, each a column (studies/harness.py on the run: lm-eval, an extra; the hub's data, or --harness_args naming
 local files); --tasks=NAMES scores named tasks at any budget, on a GPT-2 BPE model (--recipe=--dataset=shakespeare).
 
-Run R of system S with seed N lives in out_root/S/R-sN (a table's in out_root/TABLE/S/R-sN; train.log, eval.log,
-ckpt.pt, cell.json). A run whose cell.json is there is never trained again, and a run stopped in training goes on
-from its last checkpoint: a killed table goes on where it was. A rule with no form for a system says why in its
+Each run is trained once, whatever tables need it: it is named by what determines it (its command: the system's
+arguments at the budget, the row's, the recipe, the data, the seed, its base), a hash in its folder's name,
+out_root/runs/S/RULE-HASH-sN (train.log, ckpt.pt, run.json: its command and the table it was trained for), and every
+table that needs it scores that run (the softmax GPT of attentionx and cluster, the softmax ViT of krause_vision and
+cluster). A table's cell of row R, system S, seed N is out_root/S/R-sN (a table's: out_root/TABLE/S/R-sN; cell.json,
+eval.log), its `run` the run's folder; table.md names the rows another table trained. A run whose cell.json is
+there is never scored again, a trained run never trained again, and a run stopped in training goes on from its last
+checkpoint: a killed table goes on where it was. A rule with no form for a system says why in its
 cell; a run that fails holds its error: line and its log's path, and the others go on. Writes table.md, table.json
 (in out_root, or out_root/TABLE), and a PNG per metric when matplotlib is installed. Times are the machine's: run
 nothing else on it meanwhile.
+
+The cost before the first step, and a node's GPUs:
+$ python studies/ablate.py --table=cluster --budget=paper --dry_run=True   # each run's command, parameters, tokens,
+                       # FLOPs and GPU-hours (studies/cost.py; --gpu=H100 --mfu=0.4), the runs done, the table's sum
+$ python studies/ablate.py --table=tda --budget=paper --nproc_per_node=8   # each run on 8 GPUs (torchrun, DDP)
+$ python studies/ablate.py --table=krause_vision --budget=paper --cells_at_once=8  # 8 runs at once, a GPU each
+--nproc_per_node must divide each run's gradient_accumulation_steps (DDP shares a step's micro-batches out), and
+cells_at_once × nproc_per_node GPUs must be there; scoring runs on one process (the first GPU of its cell's).
 """
+import collections
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -54,7 +69,9 @@ import platform
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -69,6 +86,7 @@ from prepare.atomic import write_atomically, write_or_exit, write_text
 from studies.systems import BUDGETS, SYSTEMS, Metric, at
 from studies.tables import ANALYSIS, ROWS, TABLES, Table
 from support.rundir import RunDir
+from support.runtime import PEAK_FLOPS
 from support.checks import check_int_list, check_or_exit, script_settings
 
 # -----------------------------------------------------------------------------
@@ -86,9 +104,17 @@ cifar100_source = ''        # the vit100 system's CIFAR-100 (a folder with train
 tasks = ''                  # a table's zero-shot tasks (studies/harness.py) on its cells that have them: '' = the
                             # table's own at the paper budget and none below; 'none'; or names, at any budget
 harness_args = ''           # more studies/harness.py arguments for those (e.g. "--limit=200 --batch_size=8")
+dry_run = False             # print every run's command and cost (studies/cost.py) and the table's sum; train nothing
+gpu = 'H100'                # the dry run's GPU-hours: on this GPU (a key of support/runtime.PEAK_FLOPS)
+mfu = 0.4                   # at this model FLOPs utilisation
+nproc_per_node = 1          # each run's training on this many processes of the node (torchrun, DDP: a GPU each;
+                            # gloo processes on a CPU)
+cells_at_once = 1           # runs side by side, each on its own GPU (its own nproc_per_node GPUs), never two on one
+cells_on_cpu = False        # allow cells_at_once > 1 on a machine without GPUs (the runs share its cores: tests)
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 SOURCES = ('text_source', 'cifar_source', 'cifar100_source')  # the settings a System's `data` names
+EVERY_RULE = 'every-rule table'  # what a run's run.json says it was trained for outside a paper's table
 
 
 @dataclass(frozen=True)
@@ -108,6 +134,11 @@ class Lab:
     tasks: str
     harness_args: str
     train_missing: bool
+    dry_run: bool
+    gpu: str
+    mfu: float
+    nproc_per_node: int
+    cells_at_once: int
 
     @property
     def folder(self):
@@ -120,6 +151,11 @@ class Run(NamedTuple):
     system: str
     seed: int
     arguments: str          # the row's train.py arguments for the system
+
+
+SLOT = threading.local()  # .env: the GPUs this thread's runs are pinned to (CUDA_VISIBLE_DEVICES), cells_at_once > 1
+RUN_LOCKS = collections.defaultdict(threading.Lock)  # {run folder: its lock}: two cells never train one run at once
+RUN_LOCKS_HELD = threading.Lock()  # while a thread finds or makes a run's lock
 
 
 class Failed(Exception):
@@ -205,6 +241,27 @@ def check_the_rest(c, name, system_names):
         raise ValueError("out_root is empty; pass --out_root=DIR (the runs and the table go there)")
     if os.path.exists(c['out_root']) and not os.path.isdir(c['out_root']):
         raise ValueError(f"out_root={c['out_root']} is a file, not a folder; pass --out_root=DIR")
+    if c['gpu'] not in PEAK_FLOPS:
+        raise ValueError(f"gpu={c['gpu']!r} has no peak FLOP/s here; pass --gpu=NAME, one of {', '.join(PEAK_FLOPS)}")
+    if not 0 < c['mfu'] <= 1:
+        raise ValueError(f"mfu={c['mfu']} is not a fraction of the peak; pass e.g. --mfu=0.4")
+    check_processes(c)
+
+
+def check_processes(c):
+    """ValueError where nproc_per_node asks for more GPUs than this node has (a CPU takes any count: gloo)."""
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if c['nproc_per_node'] < 1 or (gpus and c['nproc_per_node'] > gpus):
+        raise ValueError(f"nproc_per_node={c['nproc_per_node']} is not a process count this node runs (it has "
+                         f"{gpus} GPUs); pass --nproc_per_node=1 .. {max(gpus, 1)}")
+    if c['cells_at_once'] < 1 or (gpus and c['cells_at_once'] * c['nproc_per_node'] > gpus):
+        raise ValueError(f"cells_at_once={c['cells_at_once']} runs of {c['nproc_per_node']} GPUs each do not fit "
+                         f"this node's {gpus} GPUs (never two on one); pass --cells_at_once=1 .. "
+                         f"{max(gpus // c['nproc_per_node'], 1)}")
+    if not gpus and c['cells_at_once'] > 1 and not c['cells_on_cpu']:
+        raise ValueError(f"cells_at_once={c['cells_at_once']} runs side by side on GPUs, and this machine has none; "
+                         f"pass --cells_at_once=1, or --cells_on_cpu=True to share the CPU's cores among them")
 
 
 def lab_settings(c, given=()):
@@ -227,7 +284,8 @@ def lab_settings(c, given=()):
         rows_of = {s: row_names for s in system_names}
         arguments_of = {s: {r: row_arguments(every[r], s) for r in row_names} for s in system_names}
     return Lab(c['budget'], name, spec, system_names, row_names, rows_of, arguments_of, seed_list, c['out_root'],
-               c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train_missing'])
+               c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train_missing'],
+               c['dry_run'], c['gpu'], c['mfu'], c['nproc_per_node'], c['cells_at_once'])
 
 
 # -----------------------------------------------------------------------------
@@ -240,8 +298,31 @@ def system_args(lab, system):
     return spec.paper if spec and spec.paper and lab.budget == 'paper' else SYSTEMS[system].args[lab.budget]
 
 
-def run_dir(lab, run):
+def cell_dir(lab, run):
+    """A table's cell of one run and seed: its cell.json and its scoring's eval.log (the table's own)."""
     return os.path.abspath(os.path.join(lab.folder, run.system, f'{run.row}-s{run.seed}'))
+
+
+def run_dir(lab, run):
+    """Where a run is trained, once for every table: out_root/runs/SYSTEM/RULE-KEY-sSEED, KEY the hash of what
+    determines it (run_key)."""
+    digest = hashlib.sha256(run_key(lab, run).encode()).hexdigest()[:10]
+    name = f'{run_label(lab, run)}-{digest}-s{run.seed}'
+    return os.path.abspath(os.path.join(lab.out_root, 'runs', run.system, name))
+
+
+def run_label(lab, run):
+    """The rule a run trains (its last --attention), for a readable folder name; a swapped row's is marked."""
+    rules = [a.split('=', 1)[1] for a in shlex.split(run.arguments) if a.startswith('--attention=')]
+    return (rules[-1] if rules else 'run') + ('-swapped' if swapped_from(lab, run) else '')
+
+
+def run_key(lab, run):
+    """What determines a run, as one text: the script and its arguments (the system's at the budget, the row's, the
+    recipe, the data, the seed; its base's or trained run's folder, itself named by its key), out_root left out so
+    that a lab moved elsewhere keeps its names."""
+    script, args = run_command(lab, run, out_dir=None)
+    return shlex.join([script, *args]).replace(os.path.abspath(lab.out_root), '<out_root>')
 
 
 def base_run(lab, run):
@@ -255,9 +336,9 @@ def base_run(lab, run):
     return Run(run.row, base, run.seed, run.arguments)  # a stage of the row's own
 
 
-def run_args(lab, run):
+def run_args(lab, run, out_dir=True):
     """train.py arguments of one run: the budget's system (after its base's, from the base's checkpoint), the row's
-    rule, the recipe, the system's data, the run's seed and folder."""
+    rule, the recipe, the system's data, the run's seed and (out_dir) folder."""
     system, base = SYSTEMS[run.system], base_run(lab, run)
     args = system_args(lab, run.system)
     if base:
@@ -266,9 +347,9 @@ def run_args(lab, run):
     data = at(system.data, lab.budget)
     source = [f'--data_source={os.path.abspath(lab.sources[data])}'] if lab.sources.get(data) else []
     if data == 'own':  # apart from the default's (passkeys of 1, 2, 4 needles at each length)
-        source = [f"--data_dir={os.path.join(os.path.abspath(lab.folder), 'data', run.system)}"]
+        source = [f"--data_dir={os.path.join(os.path.abspath(lab.out_root), 'data', run.system)}"]
     return [*shlex.split(args), *shlex.split(own), *shlex.split(lab.recipe), *source, f'--seed={run.seed}',
-            f'--out_dir={run_dir(lab, run)}']
+            *([f'--out_dir={run_dir(lab, run)}'] if out_dir else [])]
 
 
 def swapped_from(lab, run):
@@ -277,13 +358,21 @@ def swapped_from(lab, run):
     return spec.swapped_from.get(run.row) if spec else None
 
 
-def swap_args(lab, run):
+def swap_args(lab, run, out_dir=True):
     """studies/cluster_swap.py's arguments for a swapped row: the trained run it starts from, the row's cluster
-    settings (its cluster_m the one m), and the row's folder, where the swapped model is written as ckpt.pt."""
+    settings (its cluster_m the one m), and (out_dir) the row's folder, where the swapped model is written as
+    ckpt.pt."""
     cluster = [a.replace('--cluster_m=', '--cluster_ms=') for a in shlex.split(run.arguments)
                if a.startswith('--cluster_')]
-    trained = run._replace(row=swapped_from(lab, run))
-    return [f'--out_dir={run_dir(lab, trained)}', *cluster, f'--seed={run.seed}', f'--swap_out_dir={run_dir(lab, run)}']
+    return [f'--out_dir={run_dir(lab, first_run(lab, run))}', *cluster, f'--seed={run.seed}',
+            *([f'--swap_out_dir={run_dir(lab, run)}'] if out_dir else [])]
+
+
+def run_command(lab, run, out_dir=True):
+    """(script, arguments) that make a run: studies/cluster_swap.py for a swapped row, else train.py."""
+    if swapped_from(lab, run):
+        return 'studies/cluster_swap.py', swap_args(lab, run, out_dir)
+    return 'train.py', run_args(lab, run, out_dir)
 
 
 def first_run(lab, run):
@@ -294,11 +383,14 @@ def first_run(lab, run):
     return base_run(lab, run)
 
 
-def launched(script, args, log_path):
-    """A script of the repo in a process of its own, its output added to log_path; Failed with its error: line."""
+def launched(script, args, log_path, nproc=1):
+    """A script of the repo in a process of its own (nproc > 1: that many under torchrun, as README's DDP line), its
+    output added to log_path; Failed with its error: line."""
+    ddp = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}'] if nproc > 1 else []
     with open(log_path, 'a') as f:  # a run stopped and started again keeps both attempts' output
         start = f.tell()
-        code = subprocess.run([sys.executable, script, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run([sys.executable, *ddp, script, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                              env={**os.environ, **getattr(SLOT, 'env', {})}).returncode
     if code:
         with open(log_path) as f:
             f.seek(start)
@@ -310,24 +402,35 @@ def train_run(lab, run):
     """Train one run unless it is trained (its trained.json), the run it starts from first; go on from its
     checkpoint where a stop left one. Returns None, or the failure {'error', 'log'}."""
     folder = run_dir(lab, run)
-    if os.path.exists(os.path.join(folder, 'trained.json')):
-        return None
+    with RUN_LOCKS_HELD:
+        lock = RUN_LOCKS[folder]
+    with lock:  # a base two cells side by side start from is trained by one, then read by both
+        if os.path.exists(os.path.join(folder, 'trained.json')):
+            return None
+        return train_missing_run(lab, run, folder)
+
+
+def train_missing_run(lab, run, folder):
+    """train_run of a run not trained yet, in `folder`."""
     first = first_run(lab, run)
     failed = first and train_run(lab, first)
     if failed:
         return {'error': f"its base ({first.system} {first.row} seed {run.seed}) failed: {failed['error']}",
                 'log': failed['log']}
     os.makedirs(folder, exist_ok=True)
-    swapped, log, t0 = swapped_from(lab, run), os.path.join(folder, 'train.log'), time.time()
-    script, args = ('studies/cluster_swap.py', swap_args(lab, run)) if swapped else ('train.py', run_args(lab, run))
-    if os.path.exists(os.path.join(folder, 'ckpt.pt')) and not swapped:
+    if not os.path.exists(os.path.join(folder, 'run.json')):  # what determines it, and the table it was made for
+        write_atomically(os.path.join(folder, 'run.json'), lambda tmp: write_text(tmp, json.dumps(
+            {'key': run_key(lab, run), 'trained_for': lab.table_name or EVERY_RULE, 'budget': lab.budget})))
+    log, t0 = os.path.join(folder, 'train.log'), time.time()
+    script, args = run_command(lab, run)
+    if os.path.exists(os.path.join(folder, 'ckpt.pt')) and script == 'train.py':
         args.append('--init_from=resume')
     try:
-        launched(script, args, log)
+        launched(script, args, log, lab.nproc_per_node if script == 'train.py' else 1)
     except Failed as e:
         return {'error': str(e), 'log': log}
     write_atomically(os.path.join(folder, 'trained.json'), lambda tmp: write_text(tmp, json.dumps(
-        {'wall_s': time.time() - t0, 'args': args})))
+        {'wall_s': time.time() - t0, 'args': args, 'nproc_per_node': lab.nproc_per_node})))
     return None
 
 
@@ -335,7 +438,8 @@ def score_run(lab, run):
     """Score a trained run with its system's metric (a table's cell: and measure it, measure_run): {'metrics', 'log'}
     or the failure {'error', 'log'}."""
     system, folder = SYSTEMS[run.system], run_dir(lab, run)
-    log = os.path.join(folder, 'eval.log')
+    os.makedirs(cell_dir(lab, run), exist_ok=True)
+    log = os.path.join(cell_dir(lab, run), 'eval.log')  # the table's scoring, beside its cell
     try:
         metrics = passkey_metrics(lab, run, log) if system.passkeys else full_metrics(lab, run, log)
         if system.draw_batch:  # measured in this process: whatever goes wrong is this cell's, not the table's
@@ -453,10 +557,15 @@ def training_rate(folder):
     return None, None
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def cell_run(lab, run):
     """One run's result, from its cell.json when it has one (never trained again), else trained and scored now."""
     folder = run_dir(lab, run)
-    path = os.path.join(folder, 'cell.json')
+    path = os.path.join(cell_dir(lab, run), 'cell.json')
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
@@ -469,11 +578,11 @@ def cell_run(lab, run):
     scored = score_run(lab, run)
     if 'error' in scored:
         return scored
-    with open(os.path.join(folder, 'trained.json')) as f:
-        trained = json.load(f)
+    trained, made = (read_json(os.path.join(folder, name)) for name in ('trained.json', 'run.json'))
     rate, unit = training_rate(folder)
     result = {**scored, 'train_wall_s': trained['wall_s'], 'score_wall_s': time.time() - t0, 'rate': rate,
-              'rate_unit': unit, 'args': shlex.join(trained['args'])}
+              'rate_unit': unit, 'args': shlex.join(trained['args']), 'run': os.path.relpath(folder, lab.out_root),
+              'trained_for': made['trained_for']}
     write_atomically(path, lambda tmp: write_text(tmp, json.dumps(result)))
     return result
 
@@ -496,13 +605,38 @@ def planned_cells(lab):
     return cells, todo
 
 
+def cell_results(lab, todo):
+    """(run, cell_run's result) of each run of `todo`: one after the other, or cells_at_once side by side, each
+    thread's runs pinned to GPUs of their own (CUDA_VISIBLE_DEVICES: nproc_per_node of them), in the order they end."""
+    if lab.cells_at_once == 1:
+        yield from ((run, cell_run(lab, run)) for run in todo)
+        return
+    import torch
+    slots = [{'CUDA_VISIBLE_DEVICES': ','.join(str(i * lab.nproc_per_node + g) for g in range(lab.nproc_per_node))}
+             if torch.cuda.is_available() else {} for i in range(lab.cells_at_once)]
+    free = collections.deque(slots)
+    held = threading.Lock()
+
+    def pinned(run):
+        with held:
+            SLOT.env = free.popleft()  # as many threads as slots: one is free
+        try:
+            return cell_run(lab, run)
+        finally:
+            with held:
+                free.append(SLOT.env)
+    with ThreadPoolExecutor(lab.cells_at_once) as pool:
+        futures = {pool.submit(pinned, run): run for run in todo}
+        yield from ((futures[f], f.result()) for f in as_completed(futures))
+
+
 def run_cells(lab, cells, todo):
     """Each run of `todo` into its cell (its result, or why it has none), with a bar of the runs to go."""
-    finished = {run for run in todo if os.path.exists(os.path.join(run_dir(lab, run), 'cell.json'))}
+    finished = {run for run in todo if os.path.exists(os.path.join(cell_dir(lab, run), 'cell.json'))}
     progress = tqdm(total=len(todo), initial=len(finished), unit='run', dynamic_ncols=True)  # its ETA: runs to go
     try:
-        for run in todo:
-            cell, result = cells[run.row][run.system], cell_run(lab, run)
+        for run, result in cell_results(lab, todo):
+            cell = cells[run.row][run.system]
             if 'not_run' in result:
                 cell.update(status='not run', why=result['not_run'])
             elif 'error' in result:
@@ -511,6 +645,8 @@ def run_cells(lab, cells, todo):
             else:
                 cell['seeds'][str(run.seed)] = result
             progress.update(0 if run in finished else 1)
+        for cell in (cell for row in cells.values() for cell in row.values()):  # seeds in order, as they ended
+            cell['seeds'] = {str(n): cell['seeds'][str(n)] for n in lab.seeds if str(n) in cell['seeds']}
     except SystemExit as e:
         if e.code != 130:
             raise
@@ -648,8 +784,19 @@ def table_markdown(lab, head, cells):
                   '| --- | --- |' + ' --- |' * (len(metrics) + 3)]
         first = cells[row_names[0]][system]
         lines += [table_line(row, cells[row][system], first, metrics) for row in row_names]
-        lines += ['', holds(system, row_names, cells, metrics[0])]
+        lines += ['', holds(system, row_names, cells, metrics[0]), *reused_line(lab, cells, row_names, system)]
     return '\n'.join(lines) + '\n'
+
+
+def reused_line(lab, cells, row_names, system):
+    """[the line under a system's table naming its rows whose runs another table trained (a run is trained once,
+    in out_root/runs, table.json's `run`)], or [] where this table trained them all."""
+    mine = lab.table_name or EVERY_RULE
+    reused = [f"{row} ({', '.join(sorted({r['trained_for'] for r in cells[row][system]['seeds'].values()}))})"
+              for row in row_names if any(r.get('trained_for', mine) != mine
+                                          for r in cells[row][system]['seeds'].values())]
+    return ['', f"Trained once for another table and reused here (its folder: table.json's `run`): "
+                f"{', '.join(reused)}."] if reused else []
 
 
 def every_row(lab, system):
@@ -674,6 +821,8 @@ def markdown(lab, head, cells):
     lines += ['', '| rule | ' + ' | '.join(f"{s}: {', '.join(m.label for m in SYSTEMS[s].metrics)}"
                                            for s in lab.systems) + ' |', '| --- |' + ' --- |' * len(lab.systems)]
     lines += [f"| {row} | " + ' | '.join(cell_text(cells[row][s], s) for s in lab.systems) + ' |' for row in lab.rows]
+    for s in lab.systems:
+        lines += reused_line(lab, cells, [r for r in lab.rows if r in cells and s in cells[r]], s)
     return '\n'.join(lines) + '\n'
 
 
@@ -756,8 +905,86 @@ def take_folder(lab):
         raise SystemExit(str(e.code).replace('out_dir', 'out_root')) from None
 
 
+# -----------------------------------------------------------------------------
+# the dry run: every run's command and cost, before the first step
+
+
+def needed_runs(lab, todo):
+    """Every run `todo` needs, each once (by its folder: a run two cells share is one), a run's first before it."""
+    runs = {}
+
+    def add(run):
+        first = first_run(lab, run)
+        if first:
+            add(first)
+        runs.setdefault(run_dir(lab, run), run)
+    for run in todo:
+        add(run)
+    return runs
+
+
+def run_state(folder):
+    """'done' (trained, for this table or another), 'started' (a checkpoint to go on from) or 'to train'."""
+    if os.path.exists(os.path.join(folder, 'trained.json')):
+        made = read_json(os.path.join(folder, 'run.json'))
+        return f"done (for {made['trained_for']})"
+    return 'started' if os.path.exists(os.path.join(folder, 'ckpt.pt')) else 'to train'
+
+
+def print_cost(lab):
+    """Print every run's command, parameters, tokens, training FLOPs and GPU-hours (studies/cost.py), whether it is
+    trained, and the table's sums. Nothing is trained, no data prepared, no folder made."""
+    from studies.cost import gpu_hours, run_cost
+    _, todo = planned_cells(lab)
+    shapes, total, left, states = {}, 0.0, 0.0, []
+    print(f"dry run: {'table ' + lab.table_name if lab.table else 'every rule'}, budget {lab.budget}, seeds "
+          f"{','.join(map(str, lab.seeds))}; GPU-hours of one {lab.gpu} ({PEAK_FLOPS[lab.gpu] / 1e12:.0f} TFLOP/s "
+          f"dense bf16) at MFU {lab.mfu}; training only (scoring left out); nothing is trained")
+    for folder, run in needed_runs(lab, todo).items():
+        script, args = run_command(lab, run)
+        state = run_state(folder)
+        states.append(state)
+        name = os.path.relpath(folder, lab.out_root)
+        if script != 'train.py':  # a swapped row: k-means on one batch of the trained run, no training
+            print(f"[{state}] {name}: swapped into {os.path.relpath(run_dir(lab, first_run(lab, run)), lab.out_root)}"
+                  f", no training\n    python {shlex.join([script, *args])}")
+            continue
+        base = base_run(lab, run)
+        cost = run_cost(args, shapes.get(run_dir(lab, base)) if base else None)
+        shapes[folder] = cost['model_args']
+        total += cost['flops']
+        left += 0 if state.startswith('done') else cost['flops']
+        print(f"[{state}] {name}: {count_text(cost['params'])} parameters, {count_text(cost['tokens'])} tokens (T "
+              f"{cost['T']}), {cost['flops']:.3g} FLOPs, {gpu_hours(cost['flops'], lab.gpu, lab.mfu):,.1f} GPU-hours"
+              f"\n    python {shlex.join([script, *args])}")
+    done = sum(s.startswith('done') for s in states)
+    print(f"total: {len(states)} runs ({len(states) - done} to train, {done} done), {total:.3g} FLOPs, "
+          f"{gpu_hours(total, lab.gpu, lab.mfu):,.1f} GPU-hours; to train: {left:.3g} FLOPs, "
+          f"{gpu_hours(left, lab.gpu, lab.mfu):,.1f} GPU-hours ({gpu_hours(left, lab.gpu, lab.mfu) / 8:,.1f} hours "
+          f"on 8 GPUs)")
+
+
+def check_accumulation(lab):
+    """ValueError where nproc_per_node does not divide a run's gradient_accumulation_steps (train.py's DDP splits a
+    step's micro-batches among the processes: N processes see the batch one would), before any run."""
+    if lab.nproc_per_node == 1:
+        return
+    from studies.cost import train_settings
+    for run in needed_runs(lab, planned_cells(lab)[1]).values():
+        script, args = run_command(lab, run)
+        steps = train_settings(args)['gradient_accumulation_steps'] if script == 'train.py' else 0
+        if steps % lab.nproc_per_node:
+            raise ValueError(f"nproc_per_node={lab.nproc_per_node} does not divide gradient_accumulation_steps={steps} "
+                             f"of {run.system} {run.row} at budget {lab.budget} (each process takes a share of a "
+                             f"step's micro-batches); pass --recipe=--gradient_accumulation_steps="
+                             f"{steps * lab.nproc_per_node} (a larger step), or a divisor of {steps}")
+
+
 def main():
     lab = check_or_exit(lab_settings, script_settings(globals()), overridden)  # before any work
+    if lab.dry_run:
+        return print_cost(lab)
+    check_or_exit(check_accumulation, lab)
     take_folder(lab)
     cells, todo = planned_cells(lab)
     run_cells(lab, cells, todo)

@@ -70,12 +70,15 @@ def precision(device, dtype):
     return device_type, ptdtype, torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 
+PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12}  # dense bf16 FLOP/s, by a name in the GPU's
+
+
 def peak_flops(device):
-    """Dense bf16 peak of this GPU in FLOP/s, for MFU; None where unknown (CPU)."""
+    """Dense bf16 peak of this GPU in FLOP/s (PEAK_FLOPS), for MFU; None where unknown (CPU)."""
     if 'cuda' not in device:
         return None
     name = torch.cuda.get_device_name(device)
-    return next((f for key, f in (('H200', 989e12), ('H100', 989e12), ('A100', 312e12)) if key in name), None)
+    return next((f for key, f in PEAK_FLOPS.items() if key in name), None)
 
 
 def all_sum(values, device):

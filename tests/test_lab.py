@@ -31,6 +31,14 @@ def metrics(out_root):
             for row, cells in table['rows'].items() for system, cell in cells.items()}, table
 
 
+def run_folder(out_root, system, row, seed=1337):
+    """The folder a run was trained in, out_root/runs/SYSTEM/RULE-KEY-sSEED (its cell's `run`), found by its row's
+    rule: the one folder of that rule and seed."""
+    found = list((out_root / 'runs' / system).glob(f'{row}-*-s{seed}'))
+    assert len(found) == 1, found
+    return found[0]
+
+
 def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(tmp_path):
     whole = tmp_path / 'whole'
     out = run_script('studies/ablate.py', *TINY, f'--out_root={whole}')
@@ -52,12 +60,13 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
     # killed (the lab and its train.py, -9) while the second run trains, then the same command again: the table
     # as the first command left it, less the second run (the first and the last two are not trained again)
     killed = tmp_path / 'killed'
+    trained = run_folder(whole, 'recall', 'krause')
     shutil.copytree(whole, killed, ignore=lambda folder, names: ['krause-s1337'] if folder == str(whole / 'recall')
-                    else [])
+                    else [trained.name] if folder == str(trained.parent) else [])
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
     proc = subprocess.Popen([sys.executable, 'studies/ablate.py', *TINY, f'--out_root={killed}'], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    second = killed / 'recall' / 'krause-s1337' / 'train.log'
+    second = killed / trained.relative_to(whole) / 'train.log'
     deadline = time.time() + 120
     while not (second.exists() and 'iter 5:' in second.read_text()) and time.time() < deadline:
         time.sleep(0.05)
@@ -87,7 +96,7 @@ def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp
     assert rows['uniform']['vit']['why'] == 'n/a: UniformAttention does not declare has_bidirectional_form'
     krause = rows['krause']['recall']  # krause_topk=0: train.py refused it, before any data; the others ran
     assert krause['status'] == 'failed' and krause['why'].startswith('error: krause_topk must be in [1, '), krause
-    assert krause['why'].endswith(f"(log: {out_root / 'recall' / 'krause-s1337' / 'train.log'})")
+    assert krause['why'].endswith(f"(log: {run_folder(out_root, 'recall', 'krause') / 'train.log'})")
     assert rows['krause']['vit']['status'] == 'failed'
     assert '| uniform | ' in (out_root / 'table.md').read_text()
     assert out.strip().splitlines()[-1].startswith('error: 2 cell(s) failed (recall krause, vit krause)')
@@ -125,7 +134,8 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
     assert list(rows) == ['softmax', 'tda'] and all(r['text']['status'] == 'ok' for r in rows.values()), out
     shapes, params = {}, {}
     for row in rows:
-        folder = lab / 'tda' / 'text' / f'{row}-s1337'  # a table's runs in a folder of its own
+        folder = lab / rows[row]['text']['seeds']['1337']['run']  # out_root/runs/text/RULE-KEY-s1337
+        assert folder.parent == lab / 'runs' / 'text' and folder.name.startswith(f'{row}-')
         model_args = torch.load(folder / 'ckpt.pt', map_location='cpu', weights_only=True)['model_args']
         shapes[row] = {k: model_args[k] for k in ('pos_emb', 'n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size',
                                                   'mlp_hidden', 'bias', 'tie_weights')}
@@ -223,8 +233,8 @@ def test_a_swapped_row_is_the_trained_softmax_run_with_cluster_attention_scored_
     cluster attention (seeds by k-means on that run's keys) in its place, and train.py scores it as it scores a row."""
     lab, rows, out = tiny_text_table(tmp_path, 'cluster', 'softmax,swap')
     assert all(rows[r]['text']['status'] == 'ok' for r in ('softmax', 'swap')), out
-    folder = lab / 'cluster' / 'text'
-    softmax, swap = (torch.load(folder / f'{r}-s1337' / 'ckpt.pt', map_location='cpu', weights_only=True)
+    folder = {r: lab / rows[r]['text']['seeds']['1337']['run'] for r in ('softmax', 'swap')}
+    softmax, swap = (torch.load(folder[r] / 'ckpt.pt', map_location='cpu', weights_only=True)
                      for r in ('softmax', 'swap'))
     assert swap['model_args'] == {**softmax['model_args'], 'attention': 'cluster', 'cluster_m': 16, 'cluster_chunk': 16,
                                   'cluster_sharpness': 20}
@@ -232,11 +242,11 @@ def test_a_swapped_row_is_the_trained_softmax_run_with_cluster_attention_scored_
     assert own == {'transformer.h.0.attn.seeds', 'transformer.h.0.attn.log_sharpness'}, own
     assert all(torch.equal(swap['model'][k], v) for k, v in softmax['model'].items())  # nothing trained
     metrics = rows['swap']['text']['seeds']['1337']['metrics']
-    full = json.loads((folder / 'swap-s1337' / 'eval_full.json').read_text())  # train.py's score, as every row's
+    full = json.loads((folder['swap'] / 'eval_full.json').read_text())  # train.py's score, as every row's
     assert metrics['val_loss'] == full['val_loss'] and full['examples'] == 64
     H, m, D = 2, 16, 16
     assert metrics['params'] == rows['softmax']['text']['seeds']['1337']['metrics']['params'] + H * m * D + H
-    assert not (folder / 'swap-s1337' / 'log.jsonl').exists()  # no training: no speed in its cell
+    assert not (folder['swap'] / 'log.jsonl').exists()  # no training: no speed in its cell
     assert '| swap | `--attention=cluster --cluster_chunk=16 --cluster_m=16 --cluster_sharpness=20` |' in \
         (lab / 'cluster' / 'table.md').read_text()
 
@@ -249,14 +259,14 @@ def test_the_long_system_extends_its_base_to_four_times_its_length_with_ntk_rope
                      f'--out_root={lab}')
     table = json.loads((lab / 'tda' / 'table.json').read_text())
     assert table['rows']['softmax']['long']['status'] == 'ok', out
-    base, extended = (torch.load(lab / 'tda' / system / 'softmax-s1337' / 'ckpt.pt', map_location='cpu',
+    base, extended = (torch.load(run_folder(lab, system, 'softmax') / 'ckpt.pt', map_location='cpu',
                                  weights_only=True) for system in ('long_base', 'long'))
     assert base['config']['passkey_needles'] == extended['config']['passkey_needles'] == '1,2,4'
     assert (base['model_args']['block_size'], extended['model_args']['block_size']) == (64, 256)
     assert (extended['model_args']['rope_scaling'], extended['model_args']['rope_factor']) == ('ntk', 4.0)
     assert base['model_args']['rope_scaling'] in ('', 'none') and base['model_args']['pos_emb'] == 'rope'
-    assert f"fine-tuning {lab / 'tda' / 'long_base' / 'softmax-s1337' / 'ckpt.pt'}" in \
-        (lab / 'tda' / 'long' / 'softmax-s1337' / 'train.log').read_text()
+    assert f"fine-tuning {run_folder(lab, 'long_base', 'softmax') / 'ckpt.pt'}" in \
+        (run_folder(lab, 'long', 'softmax') / 'train.log').read_text()
     scored = [json.loads(line) for line in (lab / 'tda' / 'long' / 'softmax-s1337' / 'eval.log').read_text()
               .splitlines() if line.startswith('{')]
     assert [(r['needles'], r['T']) for r in scored] == [(1, 256), (2, 256), (4, 256)]
@@ -284,7 +294,7 @@ def test_a_tables_zero_shot_task_is_a_column_scored_by_the_harness(tmp_path):
                      f'--harness_args=--hellaswag_source={rows}')
     cell = json.loads((lab / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
     assert cell['status'] == 'ok', out
-    model, enc, right = load_run(lab / 'tda' / 'text' / 'softmax-s1337').model, tiktoken.get_encoding('gpt2'), 0
+    model, enc, right = load_run(lab / cell['seeds']['1337']['run']).model, tiktoken.get_encoding('gpt2'), 0
     for row in map(json.loads, rows.read_text().splitlines()):
         tokens, mask, label = render_example(row, enc)  # ctx + " " + ending, the endings' tokens masked in
         with torch.no_grad():

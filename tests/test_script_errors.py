@@ -96,6 +96,11 @@ CASES = [
     ('studies/ablate.py', ['--out_root={d}/abl', '--recipe="--device=cpu'], r"recipe does not parse .* balanced quotes"),
     ('studies/ablate.py', ['--out_root={d}/abl', '--cifar_source={d}/nowhere'], r"cifar_source=.*nowhere does not exist"),
     ('studies/ablate.py', ['--out_root={d}/input.txt'], r"out_root=.*input.txt is a file, not a folder"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--nproc_per_node=0'], r"nproc_per_node=0 is not a process count"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--gpu=V100'], r"gpu='V100' has no peak FLOP/s here; pass --gpu="),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--mfu=0'], r"mfu=0.0 is not a fraction of the peak; pass e.g."),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--cells_at_once=2'], r"cells_at_once=2 runs side by side on GPUs, "
+     r"and this machine has none; pass --cells_at_once=1, or --cells_on_cpu=True"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_chunk=0'], r"cluster_chunk=0 must be at least 1"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=4,x'], r"cluster_ms='4,x' must be comma-separated"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=0'], r"cluster_ms='0' must be .* at least 1"),

@@ -1,0 +1,89 @@
+"""The lab at scale (studies/ablate.py): each run trained once and reused by every table that needs it; the cost of
+a table said before the first step (--dry_run); a cell on every process of a node (--nproc_per_node, torchrun), cells
+side by side (--cells_at_once) and cells as jobs (--launcher, submitit), each giving the serial run's cells."""
+import json
+
+import pytest
+
+from conftest import run_script
+from test_lab import tiny_text_table
+
+
+def launches(out_root):
+    """The train.py processes that trained in out_root: each prints its tokens per iteration once, into its run's
+    train.log (scoring writes to the cell's eval.log)."""
+    return sum(log.read_text().count('tokens per iteration will be') for log in out_root.glob('runs/*/*/train.log'))
+
+
+def test_two_tables_that_share_a_run_train_it_once(tmp_path):
+    lab, first, _ = tiny_text_table(tmp_path, 'attentionx', 'softmax')
+    _, second, out = tiny_text_table(tmp_path, 'cluster', 'softmax')  # the same softmax GPT: arguments, data, seed
+    assert launches(lab) == 1, out  # trained for attentionx, scored for both
+    mine, theirs = (rows['softmax']['text']['seeds']['1337'] for rows in (second, first))
+    assert mine['run'] == theirs['run'] and (lab / mine['run'] / 'ckpt.pt').exists()
+    assert mine['trained_for'] == theirs['trained_for'] == 'attentionx'
+    assert mine['metrics']['val_loss'] == theirs['metrics']['val_loss']  # one model, scored twice the same way
+    assert json.loads((lab / mine['run'] / 'run.json').read_text())['trained_for'] == 'attentionx'
+    assert ("Trained once for another table and reused here (its folder: table.json's `run`): softmax (attentionx)."
+            in (lab / 'cluster' / 'table.md').read_text())
+
+
+def test_the_dry_run_says_each_runs_cost_and_the_tables_sum_and_trains_nothing(tmp_path):
+    lab, first, _ = tiny_text_table(tmp_path, 'attentionx', 'softmax')
+    trained = first['softmax']['text']['seeds']['1337']
+    out = run_script('studies/ablate.py', '--table=cluster', '--systems=text', '--budget=tiny', '--dry_run=True',
+                     f'--text_source={tmp_path / "input.txt"}', f'--recipe=--data_dir={tmp_path / "chars"}',
+                     f'--out_root={lab}', '--gpu=A100', '--mfu=0.5')
+    assert not (lab / 'cluster').exists() and launches(lab) == 1, out  # nothing made, nothing trained
+    lines = [line for line in out.splitlines() if line.startswith(('[', 'total:'))]
+    N, T, tokens = trained['metrics']['params'], 32, 20 * 1 * 8 * 32  # max_iters · accumulation · batch · block
+    flops = 6 * N * tokens + 3 * 1 * (2 * 32 * (T + 1)) * tokens  # 1 layer of causal softmax, C = 32: 2·C·(T+1)
+    assert lines[0] == (f"[done (for attentionx)] {trained['run']}: {N / 1e3:.3g}k parameters, 5.12k tokens (T 32), "
+                        f"{flops:.3g} FLOPs, 0.0 GPU-hours")
+    assert lines[1].startswith('[to train] runs/text/cluster-') and lines[2].startswith('[to train] runs/text/cluster'
+                                                                                      '-swapped-')
+    assert lines[2].endswith(f": swapped into {trained['run']}, no training")
+    cluster = float(lines[1].split(' FLOPs')[0].rsplit(' ', 1)[1])
+    hours = lambda f: f / (0.5 * 312e12) / 3600  # A100's dense bf16 peak at MFU 0.5
+    assert lines[3] == (f"total: 3 runs (2 to train, 1 done), {flops + cluster:.3g} FLOPs, "
+                        f"{hours(flops + cluster):,.1f} GPU-hours; to train: {cluster:.3g} FLOPs, "
+                        f"{hours(cluster):,.1f} GPU-hours ({hours(cluster) / 8:,.1f} hours on 8 GPUs)")
+    assert f"python train.py config/shakespeare_char.py --device=cpu" in out
+
+
+def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
+    """--nproc_per_node=2: each run trained by two gloo processes (train.py's DDP: each takes half of a step's
+    micro-batches of the same global batch) gives the cells of one process, up to the order of the gradient sums."""
+    accumulate = f'--recipe=--gradient_accumulation_steps=2 --data_dir={tmp_path / "chars"}'
+    source = tmp_path / 'input.txt'
+    source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    common = ['studies/ablate.py', '--table=tda', '--systems=text', '--rows=softmax', '--budget=tiny',
+              f'--text_source={source}', accumulate]
+    refused = run_script(*common[:-1], f'--out_root={tmp_path / "refused"}', '--nproc_per_node=2', check=False)
+    assert [line for line in refused.splitlines() if line.startswith('error:')] == [
+        "error: nproc_per_node=2 does not divide gradient_accumulation_steps=1 of text softmax at budget tiny (each "
+        "process takes a share of a step's micro-batches); pass --recipe=--gradient_accumulation_steps=2 (a larger "
+        "step), or a divisor of 1"] and not (tmp_path / 'refused').exists()
+    serial = run_script(*common, f'--out_root={tmp_path / "serial"}')
+    ddp = run_script(*common, f'--out_root={tmp_path / "ddp"}', '--nproc_per_node=2')
+    one, two = (json.loads((tmp_path / name / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
+                for name in ('serial', 'ddp'))
+    assert one['status'] == two['status'] == 'ok', ddp
+    trained = [tmp_path / name / cell['seeds']['1337']['run'] for name, cell in (('serial', one), ('ddp', two))]
+    assert [json.loads((t / 'trained.json').read_text())['nproc_per_node'] for t in trained] == [1, 2]
+    log = (trained[1] / 'train.log').read_text()
+    assert log.count('tokens per iteration will be: 512') == 1  # rank 0 says it: 2 steps of 8 rows of 32
+    a, b = one['seeds']['1337']['metrics'], two['seeds']['1337']['metrics']
+    assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a), (a, b)
+
+
+def test_cells_side_by_side_give_the_serial_tables_cells(tmp_path):
+    """--cells_at_once=2: two runs at once, each its own process (on a GPU node, its own GPU; here --cells_on_cpu
+    lets them share the CPU), the same cells as one after the other."""
+    common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax,krause']
+    run_script(*common, f'--out_root={tmp_path / "serial"}')
+    out = run_script(*common, f'--out_root={tmp_path / "two"}', '--cells_at_once=2', '--cells_on_cpu=True')
+    one, two = (json.loads((tmp_path / name / 'table.json').read_text())['rows'] for name in ('serial', 'two'))
+    metrics = lambda rows: {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}
+    assert metrics(one) == metrics(two) and all(r['recall']['status'] == 'ok' for r in two.values()), out
+    assert launches(tmp_path / 'two') == 2
