@@ -12,15 +12,9 @@ boundary carries no gradient, as in the math path.
 import torch
 
 from machinery.band import cdiv
-from machinery.triton_available import dot_precision, jit, tl, triton
+from machinery.triton_available import bh_t_strides, dot_precision, jit, load_rows, tl, triton, unit_last_stride
 
 BLOCK_N = 64  # backward: keys per program (and queries per step of it)
-
-
-@jit
-def load_rows(ptr, stride_t, rows, cols, T, width):  # (len(rows), len(cols)) of a (T, width) matrix, 0 outside
-    mask = (rows[:, None] >= 0) & (rows[:, None] < T) & (cols[None, :] < width)
-    return tl.load(ptr + rows[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
 
 
 @jit
@@ -174,14 +168,6 @@ def krause_backward_queries_kernel(Q, K, V, INV_VAR, DY, LSE, BOUNDARY, DELTA, D
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.store(DQ + bh * T * D + rows[:, None] * D + dims[None, :], inv_var * dq,
              mask=(rows[:, None] < T) & (dims[None, :] < D))
-
-
-def bh_t_strides(x):  # (B, H, T, n) with unit last stride -> its (batch, head, position) strides
-    return x.stride(0), x.stride(1), x.stride(2)
-
-
-def unit_last_stride(x):
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def forward_blocks(W):

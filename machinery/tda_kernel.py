@@ -10,7 +10,7 @@ get their gradients; p >= 1 is fixed (p = 1, 2 without a pow).
 import torch
 
 from machinery.band import cdiv
-from machinery.triton_available import dot_precision, jit, tl, triton
+from machinery.triton_available import bh_t_strides, dot_precision, jit, load_rows, tl, triton, unit_last_stride
 
 BLOCK_M, BLOCK_N = 64, 64  # queries per program, keys per step
 SKIP_EMPTY_BLOCKS = True   # skip a block's value products, forward and backward, where every score is below τ
@@ -29,12 +29,6 @@ def excess_power(x, p, P_MODE: tl.constexpr):  # relu(x)^p, and its derivative p
 
 
 @jit
-def load_rows(ptr, stride_t, rows, cols, T, width):  # (len(rows), len(cols)) of a (T, width) matrix, 0 outside
-    mask = (rows[:, None] < T) & (cols[None, :] < width)
-    return tl.load(ptr + rows[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
-
-
-@jit
 def causal_visible(rows, cols, T, CAUSAL: tl.constexpr):  # (M, N): key j in the sequence, and j <= i if causal
     visible = (cols[None, :] < T) & (rows[:, None] >= 0)
     if CAUSAL:
@@ -47,6 +41,15 @@ def view_scores(Q, K, sq, sk, rows, cols, dims, T, d, PRECISION: tl.constexpr): 
     q = load_rows(Q, sq, rows, dims, T, d)
     k = load_rows(K, sk, cols, dims, T, d)
     return tl.dot(q, tl.trans(k), input_precision=PRECISION), q, k
+
+
+@jit
+def excesses(q1, k1, q2, k2, tau, TWO_VIEWS: tl.constexpr, PRECISION: tl.constexpr):  # s - τ per view, (M, N) each
+    x1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau
+    x2 = x1
+    if TWO_VIEWS:
+        x2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau
+    return x1, x2
 
 
 @jit
@@ -123,11 +126,8 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
         visible = causal_visible(rows, cols, T, CAUSAL) & (rows[:, None] < T)
         tau = tl.load(TAU + rows, mask=rows < T, other=0.0)[:, None]
         q1 = load_rows(Q1, sq1t, rows, dims, T, d)
-        x1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau                # the excesses s - τ, (M, N)
-        q2, x2 = q1, x1
-        if TWO_VIEWS:
-            q2 = load_rows(Q2, sq2t, rows, dims, T, d)
-            x2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau
+        q2 = load_rows(Q2, sq2t, rows, dims, T, d) if TWO_VIEWS else q1
+        x1, x2 = excesses(q1, k1, q2, k2, tau, TWO_VIEWS, PRECISION)
         # a block where no excess is positive has a = 0 and ∂a/∂s = 0: it adds nothing to dk or dv
         if has_excess(x1, x2, visible, SKIP_EMPTY):
             a, g1 = excess_power(x1, p, P_MODE)
@@ -180,11 +180,8 @@ def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU,
         cols = start + tl.arange(0, BLOCK_N)
         visible = causal_visible(rows, cols, T, CAUSAL)
         k1 = load_rows(K1, sk1t, cols, dims, T, d)
-        x1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) - tau                # the excesses s - τ, (M, N)
-        k2, x2 = k1, x1
-        if TWO_VIEWS:
-            k2 = load_rows(K2, sk2t, cols, dims, T, d)
-            x2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) - tau
+        k2 = load_rows(K2, sk2t, cols, dims, T, d) if TWO_VIEWS else k1
+        x1, x2 = excesses(q1, k1, q2, k2, tau, TWO_VIEWS, PRECISION)
         # a block where no excess is positive adds nothing to dq, dτ or dλ
         if has_excess(x1, x2, visible, SKIP_EMPTY):
             v = load_rows(V, svt, cols, vdims, T, D)
@@ -206,14 +203,6 @@ def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU,
     if TWO_VIEWS:
         tl.store(DQ2 + out, dq2, mask=mask)
         tl.store(DLAM + bh * T + rows, dlam, mask=rows < T)
-
-
-def bh_t_strides(x):  # (B, H, T, n) with unit last stride -> its (batch, head, position) strides
-    return x.stride(0), x.stride(1), x.stride(2)
-
-
-def unit_last_stride(x):  # a view of the halves of q keeps its unit channel stride; anything else is copied
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def power_mode(p):  # p = 1, 2 without exp2/log2

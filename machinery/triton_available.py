@@ -1,8 +1,8 @@
 """
-Whether the Triton kernels (machinery/*_kernel.py) can run on a tensor's device: CUDA with triton importable, or the
-CPU through triton's interpreter (TRITON_INTERPRET=1, set before the kernels are defined: the tests). Without triton
-the kernel files still import (their kernels are then plain functions never launched) and the rules take the paths
-they had.
+What the Triton kernels (machinery/*_kernel.py) share: whether they can run on a tensor's device (CUDA with triton
+importable, or the CPU through triton's interpreter, TRITON_INTERPRET=1, set before the kernels are defined: the
+tests), where a rule takes them (KERNEL_DEVICES), and their tile loads and launch strides. Without triton the kernel
+files still import (their kernels are then plain functions never launched) and the rules take the paths they had.
 """
 import os
 
@@ -60,6 +60,20 @@ def kernel_on(x):
     """True where a rule's attend_fused runs its Triton kernel on x's device: a device in KERNEL_DEVICES (CUDA) that
     triton runs on. Elsewhere the rule's math path computes the same function."""
     return x.device.type in KERNEL_DEVICES and triton_runs_on(x.device)
+
+
+def bh_t_strides(x):  # (B, H, T, n) with unit last stride -> its (batch, head, position) strides
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def unit_last_stride(x):  # a view of the halves of q keeps its unit channel stride; anything else is copied
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+@jit
+def load_rows(ptr, stride_t, rows, cols, T, width):  # (len(rows), len(cols)) of a (T, width) matrix, 0 outside
+    mask = (rows[:, None] >= 0) & (rows[:, None] < T) & (cols[None, :] < width)
+    return tl.load(ptr + rows[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
 
 
 def dot_precision(dtype):
