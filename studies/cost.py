@@ -19,10 +19,10 @@ import sys
 
 import torch
 
-from attention import AttentionConfig
 from model import GPT, GPTConfig
 from prepare import ROOT, dataset_kind, default_data_dir
 from prepare.passkey import vocab_size as passkey_vocab
+from rules import AttentionConfig
 from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, fine_tune_args
 from support.runtime import PEAK_FLOPS, dataclass_defaults, dataclass_values
@@ -99,15 +99,14 @@ def built(Model, ModelConfig, arguments):
 
 
 def ideal_attention_flops(model, T):
-    """The rule's ideal attention FLOPs per token and layer at T, the mean over the layers (support/flops.py); built
-    on the CPU where the meta model cannot say it. The one place the cost reads support/flops.py."""
-    from support.flops import ideal_flops
+    """The rule's ideal attention FLOPs per token and layer at T (each layer's `ideal_flops`), the mean over the
+    layers; built on the CPU where the meta model cannot say it."""
     layers = lambda m: [block.attn for block in (m.h if hasattr(m, 'h') else m.transformer.h)]
     try:
-        per_layer = [ideal_flops(attn, T) for attn in layers(model)]
+        per_layer = [attn.ideal_flops(T) for attn in layers(model)]
     except (NotImplementedError, RuntimeError):
-        per_layer = [ideal_flops(attn, T) for attn in layers(type(model)(model.config))]
-    return None if None in per_layer else sum(per_layer) / len(per_layer)
+        per_layer = [attn.ideal_flops(T) for attn in layers(type(model)(model.config))]
+    return sum(per_layer) / len(per_layer)
 
 
 def run_cost(args, base_model_args=None):
