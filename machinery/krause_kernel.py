@@ -1,13 +1,14 @@
 """
-Krause attention on the causal band as Triton kernels: per query i the W keys i-W < j <= i, score_ij = σ⁻²(q_i·k_j) -
-σ⁻²‖k_j‖²/2 (σ per head), each row's top k kept by the boundary halfway between its k-th and (k+1)-th score (a tie at
-the k-th keeps all of it; a row reaching k keys or fewer keeps them all), a softmax over the kept keys, y = Σ w v.
-Forward: one program per block of BLOCK_M queries holds the band's scores in registers, as two tiles (the LEFT keys
-before the block, the block's own keys on the diagonal), and finds each row's k-th score by a bisection on the
+Krause attention on the causal band as Triton kernels: per query i the W keys i-W < j <= i, score_ij = σ⁻²(q_i·k_j)
+- σ⁻²‖k_j‖²/2 (σ per head), each row's top k kept by the boundary halfway between its k-th and (k+1)-th score (a tie
+at the k-th keeps all of it; a row reaching k keys or fewer keeps them all), a softmax over the kept keys, y = Σ w
+v. Forward: one program per block of BLOCK_M queries holds the band's scores in registers, as two tiles (the LEFT
+keys before the block, the block's own keys on the diagonal), and finds each row's k-th score by a bisection on the
 scores' values that ends a row as soon as exactly k scores lie at or above its midpoint (about log2(W) counting
-passes; exact: a tie at the k-th runs on to adjacent floats), nothing sorted and no score written to memory. It saves each row's boundary and log-sum-exp. Backward recomputes the scores
-flash-style from them (one kernel per key block for dk, dv and σ's gradient, one per query block for dq); the
-boundary carries no gradient, as in the math path.
+passes; exact: a tie at the k-th runs on to adjacent floats), nothing sorted and no score written to memory. It
+saves each row's boundary and log-sum-exp. Backward recomputes the scores flash-style from them (one kernel per
+query block for dq and each row's dy·y, then one per key block for dk, dv and σ's gradient), with no temporary the
+size of q; the boundary carries no gradient, as in the math path.
 """
 import torch
 
@@ -144,10 +145,11 @@ def krause_backward_keys_kernel(Q, K, V, INV_VAR, DY, LSE, BOUNDARY, DELTA, DK, 
 
 
 @jit
-def krause_backward_queries_kernel(Q, K, V, INV_VAR, DY, LSE, BOUNDARY, DELTA, DQ,
-                                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdyb, sdyh, sdyt, H, T, D, W,
+def krause_backward_queries_kernel(Q, K, V, INV_VAR, DY, LSE, BOUNDARY, DELTA, DQ, Y,
+                                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdyb, sdyh, sdyt, H, T, D, W, syt,
                                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One query block: dq_i = σ⁻² Σ_j ds_ij k_j over the keys i - W < j <= i."""
+    """One query block: δ_i = dy_i·y_i (= Σ_j w_ij dy_i·v_j), stored for the keys' kernel, which runs after; and
+    dq_i = σ⁻² Σ_j ds_ij k_j over the keys i - W < j <= i."""
     m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     Q, K, V, DY = Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh, DY + b * sdyb + h * sdyh
@@ -157,7 +159,9 @@ def krause_backward_queries_kernel(Q, K, V, INV_VAR, DY, LSE, BOUNDARY, DELTA, D
     q, dy = load_rows(Q, sqt, rows, dims, T, D), load_rows(DY, sdyt, rows, dims, T, D)
     lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)
     boundary = tl.load(BOUNDARY + bh * T + rows, mask=rows < T, other=0.0)
-    delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
+    y = load_rows(Y + bh * T * D, syt, rows, dims, T, D)  # y is contiguous, (B, H, T, D)
+    delta = tl.sum(dy.to(tl.float32) * y.to(tl.float32), 1)
+    tl.store(DELTA + bh * T + rows, delta, mask=rows < T)
     dq = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     first = (tl.maximum(m * BLOCK_N - W + 1, 0) // BLOCK_N) * BLOCK_N  # the block of the first key row 0 reaches
     for start in range(first, (m + 1) * BLOCK_N, BLOCK_N):
@@ -201,15 +205,16 @@ class KrauseBandKernel(torch.autograd.Function):
         q, k, v, inv_var, y, lse, boundary = ctx.saved_tensors
         dy = unit_last_stride(dy)
         B, H, T, D = q.shape
-        delta = (dy.float() * y.float()).sum(-1).contiguous()  # Σ_j w_ij dy_i·v_j = dy_i·y_i, (B, H, T)
+        delta = torch.empty(B * H, T, dtype=torch.float32, device=q.device)  # written by the queries' kernel
         dq, dk, dv = (torch.empty(B, H, T, D, dtype=t.dtype, device=t.device) for t in (q, k, v))
         dlog_sigma = torch.empty(B * H, T, dtype=torch.float32, device=q.device)
         common = (*bh_t_strides(q), *bh_t_strides(k), *bh_t_strides(v), *bh_t_strides(dy), H, T, D, ctx.W)
         flags = dict(PRECISION=dot_precision(v.dtype), BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(D)))
         grid = (cdiv(T, BLOCK_N), B * H)
+        krause_backward_queries_kernel[grid](q, k, v, inv_var, dy, lse, boundary, delta, dq, y, *common, y.stride(2),
+                                             **flags)
         krause_backward_keys_kernel[grid](q, k, v, inv_var, dy, lse, boundary, delta, dk, dv, dlog_sigma,
                                           *common, **flags)
-        krause_backward_queries_kernel[grid](q, k, v, inv_var, dy, lse, boundary, delta, dq, *common, **flags)
         return dq, dk, dv, dlog_sigma.view(B, H, T).sum((0, 2)).to(ctx.sigma_dtype), None, None
 
 
