@@ -83,6 +83,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
 from rules import ATTENTION
 from prepare import ROOT
 from prepare.atomic import write_atomically, write_or_exit, write_text
+from studies.launch import SLURM_KEYS, check_launcher, job_results, slurm_job, torchrun_args
 from studies.systems import BUDGETS, SYSTEMS, Metric, at
 from studies.tables import ANALYSIS, ROWS, TABLES, Table
 from support.rundir import RunDir
@@ -111,6 +112,14 @@ nproc_per_node = 1          # each run's training on this many processes of the 
                             # gloo processes on a CPU)
 cells_at_once = 1           # runs side by side, each on its own GPU (its own nproc_per_node GPUs), never two on one
 cells_on_cpu = False        # allow cells_at_once > 1 on a machine without GPUs (the runs share its cores: tests)
+launcher = 'local'          # 'local': each run a process here; 'slurm': each run a SLURM job; 'submitit_local': a
+                            # job on this machine (studies/launch.py, submitit)
+nodes = 1                   # slurm: each run's job on this many nodes (torchrun's c10d rendezvous among them)
+gpus_per_node = 1           # slurm: and this many processes, a GPU each, on each node
+partition = ''              # slurm: the partition ('': the cluster's default)
+time_min = 4320             # slurm (and submitit_local): a job's time limit in minutes; one that runs out, or is
+                            # preempted, is resubmitted and goes on from its checkpoint
+account = ''                # slurm: the account the jobs are charged to ('': the user's default)
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 SOURCES = ('text_source', 'cifar_source', 'cifar100_source')  # the settings a System's `data` names
@@ -139,6 +148,13 @@ class Lab:
     mfu: float
     nproc_per_node: int
     cells_at_once: int
+    launcher: str           # studies/launch.py's: local, submitit_local or slurm
+    nodes: int              # the SLURM settings (SLURM_KEYS)
+    gpus_per_node: int
+    partition: str
+    time_min: int
+    account: str
+    command: tuple          # (settings, given): what a job rebuilds this Lab from where it lands
 
     @property
     def folder(self):
@@ -276,6 +292,7 @@ def lab_settings(c, given=()):
     row_names, system_names, seed_text = table_picks(c, given, name) if spec else every_rule_picks(c)
     seed_list = check_int_list({'seeds': seed_text}, 'seeds', '1337,1338', at_least=0)
     check_the_rest(c, name, system_names)
+    check_launcher(c, given)
     if spec:  # each system's rows in the table's order, and their arguments at this budget
         rows_of = {s: [r for r in spec.systems[s].rows if r in row_names] for s in system_names}
         arguments_of = {s: table_rows(spec.systems[s], c['budget']) for s in system_names}
@@ -285,7 +302,8 @@ def lab_settings(c, given=()):
         arguments_of = {s: {r: row_arguments(every[r], s) for r in row_names} for s in system_names}
     return Lab(c['budget'], name, spec, system_names, row_names, rows_of, arguments_of, seed_list, c['out_root'],
                c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train_missing'],
-               c['dry_run'], c['gpu'], c['mfu'], c['nproc_per_node'], c['cells_at_once'])
+               c['dry_run'], c['gpu'], c['mfu'], c['nproc_per_node'], c['cells_at_once'], c['launcher'],
+               *(c[key] for key in SLURM_KEYS), (c, tuple(given)))
 
 
 # -----------------------------------------------------------------------------
@@ -383,10 +401,9 @@ def first_run(lab, run):
     return base_run(lab, run)
 
 
-def launched(script, args, log_path, nproc=1):
-    """A script of the repo in a process of its own (nproc > 1: that many under torchrun, as README's DDP line), its
-    output added to log_path; Failed with its error: line."""
-    ddp = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}'] if nproc > 1 else []
+def launched(script, args, log_path, ddp=()):
+    """A script of the repo in a process of its own (ddp: python's torchrun arguments, torchrun_args), its output
+    added to log_path; Failed with its error: line."""
     with open(log_path, 'a') as f:  # a run stopped and started again keeps both attempts' output
         start = f.tell()
         code = subprocess.run([sys.executable, *ddp, script, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
@@ -396,6 +413,24 @@ def launched(script, args, log_path, nproc=1):
             f.seek(start)
             errors = [line.strip() for line in f if line.startswith('error:')]
         raise Failed(errors[-1] if errors else f"error: {script} exited with code {code}")
+
+
+def torchrun(lab, folder):
+    """The torchrun arguments a run's training (in `folder`) starts under: nproc_per_node processes here, or in a
+    SLURM job nodes × gpus_per_node, the nodes meeting at the job's first (a rendezvous named by job and run)."""
+    if lab.launcher != 'slurm':
+        return torchrun_args(lab.nproc_per_node)
+    job = slurm_job() if lab.nodes > 1 else None
+    return torchrun_args(lab.gpus_per_node, lab.nodes, job and {**job, 'id': f"{job['id']}-{os.path.basename(folder)}"})
+
+
+def training_command(lab, run, folder):
+    """(script, arguments) that make a run now: train.py going on from the run's checkpoint where a stop (Ctrl-C, a
+    job preempted or out of time) left one."""
+    script, args = run_command(lab, run)
+    if os.path.exists(os.path.join(folder, 'ckpt.pt')) and script == 'train.py':
+        args.append('--init_from=resume')
+    return script, args
 
 
 def train_run(lab, run):
@@ -422,16 +457,30 @@ def train_missing_run(lab, run, folder):
         write_atomically(os.path.join(folder, 'run.json'), lambda tmp: write_text(tmp, json.dumps(
             {'key': run_key(lab, run), 'trained_for': lab.table_name or EVERY_RULE, 'budget': lab.budget})))
     log, t0 = os.path.join(folder, 'train.log'), time.time()
-    script, args = run_command(lab, run)
-    if os.path.exists(os.path.join(folder, 'ckpt.pt')) and script == 'train.py':
-        args.append('--init_from=resume')
+    script, args = training_command(lab, run, folder)
     try:
-        launched(script, args, log, lab.nproc_per_node if script == 'train.py' else 1)
+        launched(script, args, log, torchrun(lab, folder) if script == 'train.py' else ())
     except Failed as e:
         return {'error': str(e), 'log': log}
     write_atomically(os.path.join(folder, 'trained.json'), lambda tmp: write_text(tmp, json.dumps(
-        {'wall_s': time.time() - t0, 'args': args, 'nproc_per_node': lab.nproc_per_node})))
+        {'wall_s': time.time() - t0, 'args': args, 'nproc_per_node': lab.nproc_per_node, 'launcher': lab.launcher,
+         **({'nodes': lab.nodes, 'gpus_per_node': lab.gpus_per_node} if lab.launcher == 'slurm' else {})})))
     return None
+
+
+def follow_training(lab, run):
+    """On a SLURM job's other nodes: their processes of each training the first node starts for `run` (the runs
+    it starts from, then its own, those not trained), in its order, met at torchrun's rendezvous; no scoring, no
+    record (the first node's). None."""
+    chain = []
+    while run and not os.path.exists(os.path.join(run_dir(lab, run), 'trained.json')):
+        chain.insert(0, run)
+        run = first_run(lab, run)
+    for run in chain:
+        folder = run_dir(lab, run)
+        script, args = training_command(lab, run, folder)
+        if script == 'train.py':
+            launched(script, args, os.path.join(folder, f"train-node{slurm_job()['rank']}.log"), torchrun(lab, folder))
 
 
 def score_run(lab, run):
@@ -608,6 +657,9 @@ def planned_cells(lab):
 def cell_results(lab, todo):
     """(run, cell_run's result) of each run of `todo`: one after the other, or cells_at_once side by side, each
     thread's runs pinned to GPUs of their own (CUDA_VISIBLE_DEVICES: nproc_per_node of them), in the order they end."""
+    if lab.launcher != 'local':
+        yield from job_results(lab, job_waves(lab, todo), *lab.command)
+        return
     if lab.cells_at_once == 1:
         yield from ((run, cell_run(lab, run)) for run in todo)
         return
@@ -628,6 +680,25 @@ def cell_results(lab, todo):
     with ThreadPoolExecutor(lab.cells_at_once) as pool:
         futures = {pool.submit(pinned, run): run for run in todo}
         yield from ((futures[f], f.result()) for f in as_completed(futures))
+
+
+def job_waves(lab, todo):
+    """[[(work, Run)]] of the jobs (studies/launch.py): the runs of `todo` ('cell_run') and those they start from
+    ('train_run', where no cell of todo is that run), each in the wave after the run it starts from, and never two
+    jobs of one run folder in one wave (two jobs never train one run)."""
+    depth = lambda run: 1 + depth(first_run(lab, run)) if first_run(lab, run) else 0
+    cells = {run_dir(lab, run) for run in todo}
+    jobs = [('cell_run', run) for run in todo]
+    jobs += [('train_run', run) for folder, run in needed_runs(lab, todo).items() if folder not in cells]
+    wave_of, waves = {}, collections.defaultdict(list)  # {run folder: the last wave that makes it}
+    for work, run in sorted(jobs, key=lambda job: depth(job[1])):
+        first, folder = first_run(lab, run), run_dir(lab, run)
+        wave = wave_of[run_dir(lab, first)] + 1 if first else 0
+        while any(run_dir(lab, other) == folder for _, other in waves[wave]):
+            wave += 1
+        wave_of[folder] = max(wave, wave_of.get(folder, 0))
+        waves[wave].append((work, run))
+    return [waves[w] for w in sorted(waves)]
 
 
 def run_cells(lab, cells, todo):

@@ -87,3 +87,55 @@ def test_cells_side_by_side_give_the_serial_tables_cells(tmp_path):
     metrics = lambda rows: {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}
     assert metrics(one) == metrics(two) and all(r['recall']['status'] == 'ok' for r in two.values()), out
     assert launches(tmp_path / 'two') == 2
+
+
+def test_cells_as_local_jobs_give_the_serial_tables_cells(tmp_path):
+    """--launcher=submitit_local: each run one submitit job on this machine (two cells, two jobs at once), the cells
+    of the runs one after the other."""
+    pytest.importorskip('submitit', reason="submitit (requirements-extras.txt) runs the lab's jobs")
+    common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax,krause']
+    run_script(*common, f'--out_root={tmp_path / "serial"}')
+    out = run_script(*common, f'--out_root={tmp_path / "jobs"}', '--launcher=submitit_local')
+    one, two = (json.loads((tmp_path / name / 'table.json').read_text())['rows'] for name in ('serial', 'jobs'))
+    metrics = lambda rows: {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}
+    assert metrics(one) == metrics(two) and all(r['recall']['status'] == 'ok' for r in two.values()), out
+    assert launches(tmp_path / 'jobs') == 2 and len(list((tmp_path / 'jobs' / 'jobs').glob('*_submitted.pkl'))) == 2
+
+
+def test_a_slurm_job_is_nodes_times_gpus_under_torchruns_rendezvous(tmp_path, monkeypatch):
+    """--launcher=slurm, built without a cluster: the sbatch script of a run's job (2 nodes, a task each, 4 GPUs
+    each, its partition, time and account), and the torchrun arguments each node's task starts train.py under in a
+    (faked) 2-node job: c10d at the job's first node, a rendezvous named by the job and the run."""
+    submitit = pytest.importorskip('submitit', reason="submitit (requirements-extras.txt) submits the lab's jobs")
+    for tool in ('srun', 'sbatch'):  # submitit's SlurmExecutor looks for srun; the lab's check for sbatch
+        (tmp_path / tool).write_text('#!/bin/sh\nexit 1\n')
+        (tmp_path / tool).chmod(0o755)
+    monkeypatch.setenv('PATH', f"{tmp_path}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr('sys.argv', ['ablate.py'])
+    from studies import ablate, launch
+    from support.checks import script_settings
+    given = {'launcher', 'nodes', 'gpus_per_node', 'partition', 'time_min', 'account', 'budget', 'out_root'}
+    settings = {**script_settings(vars(ablate)), 'launcher': 'slurm', 'nodes': 2, 'gpus_per_node': 4, 'budget': 'tiny',
+                'partition': 'h100', 'time_min': 90, 'account': 'attn', 'out_root': str(tmp_path / 'lab')}
+    lab = ablate.lab_settings(settings, given)
+    ex = launch.executor(lab, tmp_path / 'jobs')
+    assert {k: ex.parameters[k] for k in ('nodes', 'ntasks_per_node', 'gpus_per_node', 'partition', 'time',
+                                          'account')} == {'nodes': 2, 'ntasks_per_node': 1, 'gpus_per_node': 4,
+                                                          'partition': 'h100', 'time': 90, 'account': 'attn'}
+    sbatch = ex._make_submission_file_text('python -u -m submitit.core._submit JOBS', 'uid')
+    for line in ('#SBATCH --nodes=2', '#SBATCH --ntasks-per-node=1', '#SBATCH --gpus-per-node=4',
+                 '#SBATCH --partition=h100', '#SBATCH --time=90', '#SBATCH --account=attn', '#SBATCH --signal=USR2@90'):
+        assert line in sbatch.splitlines(), sbatch
+    for key, value in {'SUBMITIT_EXECUTOR': 'slurm', 'SLURM_JOB_ID': '4242', 'SLURM_JOB_NODELIST': 'gpu[07-08]',
+                       'SLURM_JOB_NUM_NODES': '2', 'SLURM_NTASKS': '2', 'SLURM_PROCID': '1', 'SLURM_NODEID': '1',
+                       'SLURM_LOCALID': '0'}.items():
+        monkeypatch.setenv(key, value)
+    assert launch.slurm_job() == {'hosts': ['gpu07', 'gpu08'], 'rank': 1, 'id': '4242'}
+    _, todo = ablate.planned_cells(lab)
+    folder = ablate.run_dir(lab, todo[0])
+    assert ablate.torchrun(lab, folder) == [
+        '-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=4', '--rdzv_backend=c10d',
+        '--rdzv_endpoint=gpu07:29500', f'--rdzv_id=4242-{folder.rsplit("/", 1)[1]}']
+    job = launch.Job(settings, given, 'cell_run', todo[0])
+    again = job.checkpoint()  # preempted or out of time: the same job resubmitted
+    assert isinstance(again, submitit.helpers.DelayedSubmission) and again.function is job

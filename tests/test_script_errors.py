@@ -101,6 +101,13 @@ CASES = [
     ('studies/ablate.py', ['--out_root={d}/abl', '--mfu=0'], r"mfu=0.0 is not a fraction of the peak; pass e.g."),
     ('studies/ablate.py', ['--out_root={d}/abl', '--cells_at_once=2'], r"cells_at_once=2 runs side by side on GPUs, "
      r"and this machine has none; pass --cells_at_once=1, or --cells_on_cpu=True"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--launcher=mpi'], r"launcher='mpi' is not a launcher; pass --launc"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--partition=gpu'], r"partition is a SLURM job's setting and "
+     r"launcher=local; pass --launcher=slurm, or leave --partition out"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--launcher=submitit_local', '--nodes=2'], r"nodes is a SLURM job's "
+     r"setting and launcher=submitit_local; pass --launcher=slurm"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--launcher=slurm'], r"launcher=slurm submits with sbatch, and this "
+     r"machine has none; run on a SLURM cluster's login node"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_chunk=0'], r"cluster_chunk=0 must be at least 1"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=4,x'], r"cluster_ms='4,x' must be comma-separated"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=0'], r"cluster_ms='0' must be .* at least 1"),
