@@ -2,7 +2,7 @@
 # docs/rules.md#krause), the same training as config/softmax_vit.py
 # with attention='krause'. Each patch attends to CLS, itself and the 4 patches at Manhattan distance 1 (the
 # official "window 4"), keeps the top k of those (k = 2 at the first layer growing to 4 at the last), and
-# CLS attends to every token. The paper reports 95.35% (vs 92.45% for its softmax ViT).
+# CLS attends to every token. The paper reports 95.35% (vs 92.45% for softmax) for ViT-B, not this ViT-S.
 # Differences from the official code: pre-norm blocks (the official KViT is post-norm; its softmax baseline is
 # pre-norm, and here both share one Block), and σ learned per head rather than per layer.
 # 1 GPU:  python train.py config/krause_vit.py

@@ -1,6 +1,6 @@
 # ViT-S on CIFAR-10 with softmax attention: the baseline row of the CIFAR table of Krause Synchronization
 # Transformers (arXiv 2602.11534): the official KViT-S recipe with attention='softmax' (docs/rules.md#krause).
-# The paper reports 92.45% test accuracy for it.
+# The paper's CIFAR-10 table reports ViT-B (softmax 92.45%), not this ViT-S: its baseline is its own run.
 # 1 GPU:  python train.py config/softmax_vit.py
 # 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/softmax_vit.py
 #   --batch_size=32 --gradient_accumulation_steps=8  (32 per GPU x 8 = 256 per iteration)

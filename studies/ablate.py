@@ -846,6 +846,8 @@ def table_markdown(lab, head, cells):
              "spread, |m - m₀| > 2·sqrt(s² + s₀²). Parameters: every parameter of the model. Attention FLOPs per "
              "token and layer (mean over layers): counted on the path that ran (FlopCounterMode) · the rule's ideal "
              "(support/flops.py)."]
+    if lab.table.departs:
+        lines += ['', f"Against the paper (at the paper budget): {lab.table.departs}."]
     for system in lab.systems:
         metrics, row_names = metrics_of(lab, system), lab.rows_of[system]
         lines += ['', f"### {system}: {SYSTEMS[system].about}", '',
