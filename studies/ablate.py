@@ -58,6 +58,10 @@ $ python studies/ablate.py --table=tda --budget=paper --nproc_per_node=8   # eac
 $ python studies/ablate.py --table=krause_vision --budget=paper --cells_at_once=8  # 8 runs at once, a GPU each
 --nproc_per_node must divide each run's gradient_accumulation_steps (DDP shares a step's micro-batches out), and
 cells_at_once × nproc_per_node GPUs must be there; scoring runs on one process (the first GPU of its cell's).
+$ python studies/ablate.py --table=tda --budget=paper --launcher=slurm --nodes=2 --gpus_per_node=8 --partition=P
+Each run one SLURM job (studies/launch.py, submitit), nodes × gpus_per_node processes under torchrun's rendezvous; a
+job preempted or out of time goes on from its checkpoint; the table is written when the last job lands
+(--launcher=submitit_local: the jobs on this machine).
 """
 import collections
 import datetime
