@@ -2,7 +2,9 @@
 TDA's thresholded attention as Triton kernels: y_i = Σ_j (relu(q1_i·k1_j - τ_i)^p - λ relu(q2_i·k2_j - τ_i)^p) v_j
 (j <= i causal, every j otherwise) in one pass over the key blocks, with no softmax statistics: the weights are the
 rectified excesses themselves. Causal key blocks above the diagonal are never visited. The backward recomputes the
-scores (one kernel per key block for dk, dv; one per query block for dq, dτ, dλ), so nothing T×T is kept. Where
+scores, so nothing T×T is kept: once, in one kernel per key block that also adds each tile's share of dq, dτ and dλ
+into zeroed float32 buffers by atomic adds (flash-attention-2's way; ONE_PASS_BACKWARD), or twice, in that kernel for
+dk, dv and then one per query block for dq, dτ, dλ (no atomics, twice the score products). Where
 94-99% of the weights are exact zeros, a block whose every score falls below τ skips its value products both ways.
 q, k arrive L2-normalised per view (the rule normalises, autograd flows through that); τ (T,) and λ (a scalar tensor)
 get their gradients; p >= 1 is fixed (p = 1, 2 without a pow).
@@ -14,6 +16,7 @@ from machinery.triton_available import bh_t_strides, dot_precision, jit, load_ro
 
 BLOCK_M, BLOCK_N = 64, 64  # queries per program, keys per step
 SKIP_EMPTY_BLOCKS = True   # skip a block's value products, forward and backward, where every score is below τ
+ONE_PASS_BACKWARD = True   # the backward scores once (dq, dτ, dλ by atomic adds); False: twice, in two kernels
 
 
 @jit
@@ -98,15 +101,17 @@ def tda_forward_kernel(Q1, K1, Q2, K2, V, TAU, LAM, Y,
 
 
 @jit
-def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
+def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV, DQ1, DQ2, DTAU, DLAM,
                              sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
                              svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D, p,
                              TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
-                             SKIP_EMPTY: tl.constexpr, PRECISION: tl.constexpr,
+                             SKIP_EMPTY: tl.constexpr, PRECISION: tl.constexpr, ONE_PASS: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr,
                              BLOCK_D: tl.constexpr):
     """One key block: dv_j = Σ_i a_ij dy_i, dk_j = Σ_i ds_ij q_i per view (ds = ∂y/∂s through the weights). The
-    gradients are written contiguous, (B, H, T, d) and (B, H, T, D)."""
+    gradients are written contiguous, (B, H, T, d) and (B, H, T, D). ONE_PASS: each tile's share of dq_i = Σ_j ds_ij
+    k_j and dτ_i = -Σ_j (ds1_ij + ds2_ij) added into the zeroed float32 DQ1, DQ2 (B, H, T, d) and DTAU (B·H, T), and
+    the block's share of dλ = -Σ_ij dy_i·v_j relu(s2_ij - τ_i)^p stored at DLAM[bh, n] (zeroed, summed outside)."""
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     Q1, K1, V = Q1 + b * sq1b + h * sq1h, K1 + b * sk1b + h * sk1h, V + b * svb + h * svh
@@ -120,6 +125,7 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
     dk1 = tl.zeros((BLOCK_N, BLOCK_d), dtype=tl.float32)
     dk2 = tl.zeros((BLOCK_N, BLOCK_d), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dlam = tl.zeros((BLOCK_M,), dtype=tl.float32)
     first = (n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0  # causal: queries at or after the block's first key
     for start in range(first, T, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
@@ -135,11 +141,23 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
             da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)      # ∂y/∂a_ij = dy_i·v_j, (M, N)
             ds1 = tl.where(visible, da * g1, 0.0)
             dk1 += tl.dot(tl.trans(ds1).to(q1.dtype), q1, input_precision=PRECISION)
+            if ONE_PASS:  # the queries' gradients from the same tile, added to what the other key blocks add
+                row_out = bh * T * d + rows[:, None] * d + dims[None, :]
+                row_mask = (rows[:, None] < T) & (dims[None, :] < d)
+                tl.atomic_add(DQ1 + row_out, tl.dot(ds1.to(k1.dtype), k1, input_precision=PRECISION), mask=row_mask)
+                dtau = -tl.sum(ds1, 1)
             if TWO_VIEWS:
                 a2, g2 = excess_power(x2, p, P_MODE)
                 a = a - lam * a2
                 ds2 = tl.where(visible, -lam * da * g2, 0.0)
                 dk2 += tl.dot(tl.trans(ds2).to(q2.dtype), q2, input_precision=PRECISION)
+                if ONE_PASS:
+                    tl.atomic_add(DQ2 + row_out, tl.dot(ds2.to(k2.dtype), k2, input_precision=PRECISION),
+                                  mask=row_mask)
+                    dtau -= tl.sum(ds2, 1)
+                    dlam -= tl.sum(tl.where(visible, da * a2, 0.0), 1)
+            if ONE_PASS:
+                tl.atomic_add(DTAU + bh * T + rows, dtau, mask=rows < T)
             a = tl.where(visible, a, 0.0)
             dv += tl.dot(tl.trans(a).to(dy.dtype), dy, input_precision=PRECISION)
     out = bh * T * d + cols[:, None] * d + dims[None, :]
@@ -148,6 +166,8 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV,
     if TWO_VIEWS:
         tl.store(DK2 + out, dk2, mask=mask)
     tl.store(DV + bh * T * D + cols[:, None] * D + vdims[None, :], dv, mask=(cols[:, None] < T) & (vdims[None, :] < D))
+    if ONE_PASS and TWO_VIEWS:
+        tl.store(DLAM + bh * T + n, tl.sum(dlam, 0))  # n < T: one slot per key block
 
 
 @jit
@@ -236,16 +256,24 @@ class TDAKernel(torch.autograd.Function):
         B, H, T, D = v.shape
         d = q1.size(-1)
         args = launch_args(q1, k1, q2, k2, v, tau32, lam32, ctx.p, ctx.two_views, ctx.causal)
+        one_pass = ONE_PASS_BACKWARD
         new = lambda width, dtype=v.dtype: torch.empty(B, H, T, width, dtype=dtype, device=v.device)
-        dk1, dk2, dv, dq1, dq2 = new(d), new(d), new(D), new(d), new(d)
-        dtau = torch.empty(B * H, T, dtype=torch.float32, device=v.device)
-        dlam = torch.empty(B * H, T, dtype=torch.float32, device=v.device)
+        dk1, dv = new(d), new(D)
+        dk2 = new(d) if ctx.two_views else dk1
+        # one pass: dq, dτ, dλ summed over the key blocks by atomic adds, in float32 from zero
+        start = torch.zeros if one_pass else torch.empty
+        dq1 = start(B, H, T, d, dtype=torch.float32 if one_pass else v.dtype, device=v.device)
+        dq2 = start(B, H, T, d, dtype=dq1.dtype, device=v.device) if ctx.two_views else dq1
+        dtau = start(B * H, T, dtype=torch.float32, device=v.device)
+        dlam = start(B * H, T, dtype=torch.float32, device=v.device) if ctx.two_views else dtau
         tda_backward_keys_kernel[(cdiv(T, BLOCK_N), B * H)](
-            *args['tensors'], dy, dk1, dk2, dv, *args['strides'], *bh_t_strides(dy), *args['sizes'], **args['flags'],
-            SKIP_EMPTY=SKIP_EMPTY_BLOCKS)
-        tda_backward_queries_kernel[(cdiv(T, BLOCK_M), B * H)](
-            *args['tensors'], dy, dq1, dq2, dtau, dlam, *args['strides'], *bh_t_strides(dy), *args['sizes'],
-            **args['flags'], SKIP_EMPTY=SKIP_EMPTY_BLOCKS)
+            *args['tensors'], dy, dk1, dk2, dv, dq1, dq2, dtau, dlam, *args['strides'], *bh_t_strides(dy),
+            *args['sizes'], **args['flags'], SKIP_EMPTY=SKIP_EMPTY_BLOCKS, ONE_PASS=one_pass)
+        if not one_pass:
+            tda_backward_queries_kernel[(cdiv(T, BLOCK_M), B * H)](
+                *args['tensors'], dy, dq1, dq2, dtau, dlam, *args['strides'], *bh_t_strides(dy), *args['sizes'],
+                **args['flags'], SKIP_EMPTY=SKIP_EMPTY_BLOCKS)
+        dq1, dq2 = dq1.to(v.dtype), dq2.to(v.dtype)
         dtau = dtau.sum(0).to(ctx.tau_dtype)
         if not ctx.two_views:
             return dq1, dk1, None, None, dv, dtau, None, None, None

@@ -72,8 +72,17 @@ TDA_CASES = [(True, True, False, 2.0), (False, True, False, 2.0), (True, False, 
              (True, True, True, 2.0), (False, True, True, 2.0), (True, True, False, 3.0)]
 
 
+@pytest.fixture(params=[True, False], ids=['one-pass bwd', 'two-pass bwd'])
+def tda_backward(request, monkeypatch):
+    """TDA's backward both ways: one kernel per key block (dq, dτ, dλ by atomic adds), or a keys' and a queries'
+    kernel."""
+    import machinery.tda_kernel as kernel
+    monkeypatch.setattr(kernel, 'ONE_PASS_BACKWARD', request.param)
+    return request.param
+
+
 @pytest.mark.parametrize('causal,differential,matched,p', TDA_CASES)
-def test_tda_kernel_equals_math(causal, differential, matched, p, kernel_calls):
+def test_tda_kernel_equals_math(causal, differential, matched, p, tda_backward, kernel_calls):
     attn = tda_module(causal, differential, matched, p)
     tensors = tda_inputs(attn)
     weights = attn.attention_weights(*tensors)
@@ -84,7 +93,7 @@ def test_tda_kernel_equals_math(causal, differential, matched, p, kernel_calls):
 
 
 @pytest.mark.parametrize('skip', [True, False])
-def test_tda_kernel_skips_a_key_block_without_survivors(skip, monkeypatch, kernel_calls):
+def test_tda_kernel_skips_a_key_block_without_survivors(skip, monkeypatch, tda_backward, kernel_calls):
     """Keys 64..127 all zero: every score there is 0 < τ, so those key blocks' value products are skipped (or not);
     the same function either way."""
     import machinery.tda_kernel as kernel
