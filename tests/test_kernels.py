@@ -141,16 +141,35 @@ def test_krause_kernel_keeps_every_key_tied_at_the_kth(kernel_calls):
     assert kernel_calls
 
 
-@pytest.mark.parametrize('scale', [2.0 ** -10, 1.0])
-def test_krause_kernel_selects_exactly_at_any_scale(scale, kernel_calls):
-    """Whole-number q and k (σ = 1 and 2: σ⁻² exact) scaled by a power of two: every score is exact in float32 in any
-    order of summation, crowded near 0 (~1e-4) or spread over hundreds, and ties abound; the kernel keeps
-    exactly the math path's keys, so the outputs and gradients agree to float32's rounding of exp."""
+def whole_number_krause(scale):
+    """Krause W=32 k=16 (σ = 1 and 2: σ⁻² exact) on whole-number q and k in [-4, 4] scaled by a power of two: every
+    score is exact in float32 in any order of summation, and ties abound."""
     attn = krause_module(32, 16)
     with torch.no_grad():
         attn.log_sigma.copy_(torch.log(torch.tensor([1.0, 2.0])))
     g = torch.Generator().manual_seed(1)
     q, k = (torch.randint(-4, 5, (1, 2, T, 16), generator=g).float().to(DEVICE) * scale for _ in range(2))
-    v = torch.randn(1, 2, T, 16, generator=g).to(DEVICE)
-    compare(attn, attn.attend_fused, [q, k, v], 'qkv', tolerance=1e-4)
+    return attn, [q, k, torch.randn(1, 2, T, 16, generator=g).to(DEVICE)]
+
+
+@pytest.mark.parametrize('scale', [2.0 ** -10, 1.0])
+def test_krause_kernel_selects_exactly_at_any_scale(scale, kernel_calls):
+    """Scores crowded near 0 (~1e-4) or spread over hundreds, ties abounding: the kernel keeps exactly the math
+    path's keys, so the outputs and gradients agree to float32's rounding of exp."""
+    attn, tensors = whole_number_krause(scale)
+    compare(attn, attn.attend_fused, tensors, 'qkv', tolerance=1e-4)
     assert kernel_calls
+
+
+@pytest.mark.parametrize('scale', [2.0 ** -10, 1.0, 2.0 ** 6])
+def test_krause_kernel_boundaries_are_the_math_paths(scale):
+    """Each row's boundary as the kernel saves it equals the math path's topk_boundary bit for bit, at scores near
+    0, over hundreds and over ~1e6 (there the gradients are float32 cancellations on either path, Σ_j ds_ij = 0
+    against scores of 1e6, so the selection is compared directly)."""
+    from machinery.krause_kernel import krause_band_attention
+    attn, (q, k, v) = whole_number_krause(scale)
+    y = krause_band_attention(q, k, v, attn.log_sigma, attn.krause_window, attn.topk)
+    boundary = y.grad_fn.saved_tensors[-1].view(1, 2, T)  # (B·H, T), the last tensor the forward saves
+    expected = attn.topk_boundaries(q, k, attn.neighbours(T, q.device))
+    assert (expected > float('-inf')).sum() > 0 and (expected == float('-inf')).sum() > 0  # rows of both kinds
+    assert torch.equal(boundary, expected)
