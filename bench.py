@@ -23,7 +23,8 @@ $ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_
       --n_head=12 --n_embd=768 --bias=False --batch_size=12 --seq_lens=1024,4096,8192 --profile=True
 --kernel=True adds the rule off flex, its fused path: the Triton kernel on CUDA (machinery/*_kernel.py; Krause's
 band, TDA, the mix's Krause or TDA branch), beside flash and the flex path in the same run; --pace_step=False times
-the attention alone; with --compile=True the attention alone is compiled too.
+the attention alone; with --compile=True the attention alone is compiled too. --tda_backward=both times TDA's
+kernel with its one-pass backward and with its two-kernel one, a row each.
 
 --mode=generate: decoding with the KV cache (GPT.generate). For each context length T, the ms per
 new token of a GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside
@@ -74,6 +75,8 @@ profile = False             # pace mode: print each case's top operations (torch
 kernel = False              # pace mode: also the rule off flex, its Triton kernel on CUDA (triton installed)
 kernel_graph_break = False  # pace mode: the kernels outside the compiled graph (torch.compiler.disable)
 pace_step = True            # pace mode: also the whole GPT train step (False: the attention alone)
+tda_backward = 'one_pass'   # pace mode, TDA's kernel: its backward in 'one_pass', 'two_pass' (two kernels), or
+                            # 'both' (a row each)
 live_memory = False         # CPU: blocks of 64 KiB and up mapped from the start, so a peak is the live tensors',
                             # not the allocator's reuse (slower: compare times only within such a run)
 json_out = False
@@ -84,6 +87,7 @@ sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 MODES = ('attention', 'model', 'pace', 'generate', 'pixels')
+TDA_BACKWARDS = ('one_pass', 'two_pass', 'both')
 
 
 def check_bench_settings(c):
@@ -98,6 +102,8 @@ def check_bench_settings(c):
     lengths = check_int_list(c, 'seq_lens', '1024,4096')
     check_ranges(c, at_least_one=('batch_size', 'n_head', 'n_embd', 'n_layer', 'vocab_size',
                                   'decode_tokens', 'repeats'))
+    if c['tda_backward'] not in TDA_BACKWARDS:
+        raise ValueError(f"tda_backward must be one of {', '.join(TDA_BACKWARDS)}; got '{c['tda_backward']}'")
     if c['subpixels'] < 2:
         raise ValueError(f"subpixels={c['subpixels']} must be at least 2 (a first subpixel, then "
                          f"those drawn); pass e.g. --subpixels=3072 (CIFAR-10) or 784 (MNIST)")
@@ -313,14 +319,17 @@ def bench_pace():
         keep_kernels_out_of_graphs()
     softmax = dict(attention='softmax', window=0, mix=False, flex=False)
     name = attention + ('-mix' if mix else '')
-    paths = [('softmax sdpa', softmax)]
+    paths = [('softmax sdpa', softmax, True)]  # (label, config overrides, TDA's backward in one pass)
     if flex and is_cuda:
-        paths.append((name + ' flex', {}))
+        paths.append((name + ' flex', {}, True))
     if kernel or not (flex and is_cuda):
-        paths.append((name + (' kernel' if kernel else ''), dict(flex=False)))
+        one_pass = {'one_pass': [True], 'two_pass': [False], 'both': [True, False]}[tda_backward]
+        for variant in one_pass if kernel and attention == 'tda' else [True]:
+            paths.append((name + (' kernel' if kernel else '') + ('' if variant else ' (2-pass bwd)'), dict(flex=False),
+                          variant))
     for T in [int(s) for s in str(seq_lens).split(',')]:
         cases, base = [], {}
-        for label, overrides in paths:
+        for label, overrides, variant in paths:
             config = attention_config(block_size=T, causal=True, **overrides)
             module = build_attention(config, 0).to(device, ptdtype)
             attend = module.attend_flex if module.uses_flex(torch.device(device)) else module.path()
@@ -328,7 +337,7 @@ def bench_pace():
             if pace_step:
                 kinds.append(('model', lambda: model_case(T, **overrides)[1]))
             for kind, make in kinds:
-                case = (dict(attention=label, path=kind, T=T, device=device), make())
+                case = (dict(attention=label, path=kind, T=T, device=device), tda_backward_in(variant, make()))
                 row, = measure([case], warmup=2)
                 base.setdefault(kind, row['ms'])  # softmax's row of this kind: the first
                 row = {**row, 'vs_softmax': row['ms'] / base[kind]}
@@ -339,6 +348,17 @@ def bench_pace():
         if profile:
             for row, fn in cases:
                 print_profile(f"{row['attention']} {row['path']} T={T}", fn)
+
+
+def tda_backward_in(one_pass, fn):
+    """fn with TDA's kernel backward in one pass or two, set before each call (the profile runs the cases again
+    after every row is timed; a compiled graph holds the setting it was traced with, so each row compiles its own)."""
+    import machinery.tda_kernel
+
+    def run():
+        machinery.tda_kernel.ONE_PASS_BACKWARD = one_pass
+        return fn()
+    return run
 
 
 def compiled(fn):  # with compile on CUDA, the attention alone compiled as in the model (its norms fused)
