@@ -4,7 +4,8 @@ What a researcher runs on checkpoints, each a script run from the repo root (`py
 
   analyze.py      per layer and head: the first-token share (sink), sparsity, entropy, rank collapse, token groups
   ablate.py       the lab's table: every rule on every system at a budget (tiny, cpu, paper), one folder per run;
-                  its data: systems.py (the columns, each one System) and tables.py (the rows and the papers' tables)
+                  its data: systems.py (the columns, each one System) and tables.py (the rows and the papers' tables);
+                  claims.py (each paper's claims), verdicts.py (paired intervals, a claim's verdict), figures.py
   extrapolate.py  val loss or passkey accuracy at 1x-8x the trained context length
   harness.py      EleutherAI's lm-evaluation-harness on any GPT-2 BPE checkpoint; lm_tasks/: its local tasks
   cluster_swap.py a trained softmax GPT with its attention swapped for cluster attention, no training

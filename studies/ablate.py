@@ -23,10 +23,15 @@ does not have is an error before any run. At the paper budget each table runs it
 it departs). Three seeds by default at cpu (one at tiny and paper; --seeds for others). Each cell, of either table:
 mean ± sample standard deviation (ddof=1) over the seeds. A paper's table adds the run's parameter count (every
 parameter of the model, its own get_num_params(non_embedding=False)) and attention FLOPs per token and layer,
-counted on the path that ran and the rule's ideal (support/flops.py). A row whose mean differs from the system's
-first row's by more than twice the combined spread, |m - m₀| > 2·sqrt(s² + s₀²), is marked `*` (one seed: nothing
-is marked), and a line under each system's table says which rows differ beyond noise, and which way. One command
-per table (the cpu budget, the default; --budget=tiny or paper for the others):
+counted on the path that ran and the rule's ideal (support/flops.py), and compares each row with the system's
+first row seed by seed (studies/verdicts.py: the mean of the paired differences and its 95% Student's t interval; `*`
+where it excludes 0, one seed marks nothing); a line under each system's table says which rows it tells apart, which
+way, and for the others the smallest difference their seeds could have shown. Then the paper's claims
+(studies/claims.py), each with the paper's numbers, ours and a verdict: holds, contradicted, or not told apart at
+this budget. Figures beside table.md (matplotlib): each seed as a point with the paired intervals, and every row's
+training curves from its runs' log.jsonl. --rows=ROW runs ROW beside the table's first row, the first row's runs
+reused where they are trained. One command per table (the cpu budget, the default; --budget=tiny or paper for the
+others):
 $ python studies/ablate.py --table=tda --text_source=input.txt        # val loss, zeros, sink ratio; passkeys at 4x
 $ python studies/ablate.py --table=krause_lm --text_source=input.txt   # standard, window .. krause (mix)
 $ python studies/ablate.py --table=krause_vision --cifar_source=C10 --cifar100_source=C100  # ViT top-1
@@ -67,7 +72,6 @@ import collections
 import datetime
 import hashlib
 import json
-import math
 import os
 import platform
 import shlex
@@ -76,7 +80,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -87,9 +91,12 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
 from rules import ATTENTION
 from prepare import ROOT
 from prepare.atomic import write_atomically, write_or_exit, write_text
+from studies.claims import CLAIMS
+from studies.figures import curves_figure, pyplot, read_log, values_figure
 from studies.launch import SLURM_KEYS, check_launcher, job_results, slurm_job, torchrun_args
 from studies.systems import BUDGETS, SYSTEMS, Metric, at
 from studies.tables import ANALYSIS, ROWS, TABLES, Table
+from studies.verdicts import paired, verdict
 from support.rundir import RunDir
 from support.runtime import PEAK_FLOPS
 from support.checks import check_int_list, check_or_exit, script_settings
@@ -235,6 +242,13 @@ def table_picks(c, given, name):
         else '1337'
 
 
+def compared_rows(spec, row_names):
+    """A table's system's rows among `row_names`, in its order, after its first row (what each row is compared
+    with: --rows=ROW runs ROW beside it, the first row's runs reused where they are trained)."""
+    first = next(iter(spec.rows))
+    return [first] + [r for r in spec.rows if r in row_names and r != first]
+
+
 def every_rule_picks(c):
     """(rows, systems, seeds text) of the every-rule table."""
     columns = [name for name, system in SYSTEMS.items() if system.column]
@@ -298,8 +312,10 @@ def lab_settings(c, given=()):
     check_the_rest(c, name, system_names)
     check_launcher(c, given)
     if spec:  # each system's rows in the table's order, and their arguments at this budget
-        rows_of = {s: [r for r in spec.systems[s].rows if r in row_names] for s in system_names}
+        rows_of = {s: compared_rows(spec.systems[s], row_names) for s in system_names}
         arguments_of = {s: table_rows(spec.systems[s], c['budget']) for s in system_names}
+        row_names = [r for r in dict.fromkeys(r for s in system_names for r in spec.systems[s].rows)
+                     if any(r in rows for rows in rows_of.values())]
     else:
         every = every_rule_rows()
         rows_of = {s: row_names for s in system_names}
@@ -732,8 +748,11 @@ def run_cells(lab, cells, todo):
 
 
 # -----------------------------------------------------------------------------
-# the tables: a cell per row and system, the mean ± the sample standard deviation over seeds
+# the tables: a cell per row and system, the mean ± the sample standard deviation over seeds; a paper's table adds
+# each row's paired difference from its first row, and the paper's claims with their verdicts (studies/verdicts.py)
 STATISTIC = "mean ± sample standard deviation (ddof=1) over the seeds"
+PAIRED = ("each seed's run minus the first row's run of the same seed: the mean of the differences and its 95% "
+          "interval, mean ± t(0.975, n − 1)·sd/√n (Student's t, n seeds)")
 
 
 def mean_sd(values):
@@ -741,12 +760,18 @@ def mean_sd(values):
     return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
 
 
-def values_of(cell, key):
-    """A cell's values of metric `key`, one per seed; None where it has none (not run, failed, n/a)."""
+def seed_values(cell, key):
+    """{seed: a cell's value of metric `key`}; None where it has none (not run, failed, n/a)."""
     if cell['status'] != 'ok':
         return None
-    values = [run['metrics'].get(key) for run in cell['seeds'].values()]
-    return None if not values or None in values else values
+    values = {seed: run['metrics'].get(key) for seed, run in cell['seeds'].items()}
+    return None if not values or None in values.values() else values
+
+
+def values_of(cell, key):
+    """A cell's values of metric `key`, one per seed; None where it has none."""
+    values = seed_values(cell, key)
+    return None if values is None else list(values.values())
 
 
 def measured_text(values, digits, mark=''):
@@ -783,14 +808,10 @@ def metrics_of(lab, system):
     return table_metrics(lab.table, system, tasks_of(lab, system)) if lab.table else list(SYSTEMS[system].metrics)
 
 
-def difference(values, first):
-    """How a row's values (one per seed) compare with the first row's: +1 or -1 where the means differ by more than
-    twice the combined spread, |m - m₀| > 2·sqrt(s² + s₀²) with s, s₀ the sample standard deviations (ddof=1), 0
-    within it; None where either has a single value (no spread to compare with)."""
-    (m, s), (m0, s0) = mean_sd(values), mean_sd(first)
-    if s is None or s0 is None:
-        return None
-    return int(np.sign(m - m0)) if abs(m - m0) > 2 * math.sqrt(s * s + s0 * s0) else 0
+def compared(cell, other, key):
+    """verdicts.paired of a cell against another on metric `key`, seed by seed; None where either has no value."""
+    values, against = seed_values(cell, key), seed_values(other, key)
+    return None if values is None or against is None else paired(values, against)
 
 
 def count_text(x):
@@ -802,16 +823,16 @@ def count_text(x):
 
 
 def table_line(row, cell, first, metrics):
-    """A row of a system's table: the row's own arguments, its metrics against the first row's cell (`*`: beyond
-    noise), parameters, attention FLOPs counted · ideal, wall time and speed."""
+    """A row of a system's table: the row's own arguments, its metrics (`*`: the paired interval against the first
+    row's cell excludes 0), parameters, attention FLOPs counted · ideal, wall time and speed."""
     own = f"| {row} | `{cell['own']}` | "
     if cell['status'] != 'ok':
         return own + cell['why'].replace('|', '/') + ' |' * (len(metrics) + 3)
     numbers = []
     for metric in metrics:
-        values, base = values_of(cell, metric.key), values_of(first, metric.key)
-        beyond = cell is not first and values is not None and base is not None and difference(values, base)
-        numbers.append(measured_text(values, metric.digits, '*' if beyond else ''))
+        comparison = compared(cell, first, metric.key) if cell is not first else None
+        numbers.append(measured_text(values_of(cell, metric.key), metric.digits,
+                                     '*' if comparison and comparison['apart'] else ''))
     params = values_of(cell, 'params')
     flops = [values_of(cell, key) for key in ('flops_counted', 'flops_ideal')]
     return own + ' | '.join([*numbers, 'n/a' if params is None else f"{round(np.mean(params)):,}",
@@ -819,22 +840,45 @@ def table_line(row, cell, first, metrics):
                              wall_text(list(cell['seeds'].values()))]) + ' |'
 
 
-WAYS = {-1: 'lower beyond noise', 1: 'higher beyond noise', 0: 'within noise', None: 'one seed, not told from noise',
-        'none': 'no number'}
+def signed(x, digits):
+    return f"{x:+.{digits}f}".replace('-', '−')
 
 
-def holds(system, row_names, cells, metric):
-    """The line under a system's table: on `metric` (its first), which rows differ from the first row beyond noise
-    (difference), and which way."""
+def difference_text(comparison, digits):
+    """A paired difference as table.md shows it: mean [low, high], `*` where the interval excludes 0."""
+    if comparison is None:
+        return 'n/a'
+    if comparison['half_width'] is None:
+        return f"{signed(comparison['mean'], digits)} (one seed)"
+    return (f"{signed(comparison['mean'], digits)} [{signed(comparison['low'], digits)}, "
+            f"{signed(comparison['high'], digits)}]" + ('*' if comparison['apart'] else ''))
+
+
+def paired_line(row, cell, first, metrics):
+    """A row of a system's paired table: each metric's difference from the first row, seed by seed."""
+    return f"| {row} | " + ' | '.join(difference_text(compared(cell, first, m.key), m.digits) for m in metrics) + ' |'
+
+
+def told_apart(system, row_names, cells, metric):
+    """The line under a system's table: on `metric` (its first), which rows the paired intervals tell apart from
+    the first row, which way, and for the others the smallest difference their seeds could have shown."""
     first, better = row_names[0], 'lower' if metric.lower_is_better else 'higher'
     if len(row_names) == 1:
         return f"**{system}**, {metric.label}: {first} alone, nothing to compare."
-    base, ways = values_of(cells[first][system], metric.key), {}
+    ways = {}
     for row in row_names[1:]:
-        values = values_of(cells[row][system], metric.key)
-        ways.setdefault('none' if base is None or values is None else difference(values, base), []).append(row)
-    said = '; '.join(f"{WAYS[way]}: {', '.join(ways[way])}" for way in WAYS if way in ways)
-    return f"**{system}**, {metric.label} ({better} is better), against {first}: {said}."
+        c = compared(cells[row][system], cells[first][system], metric.key)
+        if c is None:
+            ways.setdefault('no number', []).append(row)
+        elif c['half_width'] is None:
+            ways.setdefault('one seed, no interval', []).append(row)
+        elif c['apart']:
+            ways.setdefault('lower (the interval below 0)' if c['apart'] < 0 else 'higher (above 0)', []).append(row)
+        else:
+            ways.setdefault("not told apart (± the smallest difference its seeds could show)", []).append(
+                f"{row} (±{c['half_width']:.{metric.digits}f})")
+    said = '; '.join(f"{way}: {', '.join(rows)}" for way, rows in ways.items())
+    return f"**{system}**, {metric.label} ({better} is better), against {first}, paired by seed: {said}."
 
 
 def head_line(head):
@@ -843,26 +887,88 @@ def head_line(head):
             f"{head['seeds']}" + (f"; recipe `{head['recipe']}`" if head['recipe'] else '') + '.')
 
 
-def table_markdown(lab, head, cells):
-    """table.md of a paper's table: per system, its rows against the first, and the line of what holds."""
+def table_markdown(lab, head, cells, figures=None):
+    """table.md of a paper's table: per system, its rows, their paired differences from the first row and the line
+    of what they tell apart, its figures; then the paper's claims with their verdicts."""
     lines = [f"Table `{lab.table_name}`; budget `{head['budget']}`; {head_line(head)}", '',
-             f"Each cell: {STATISTIC}; `*`: the mean differs from the first row's by more than twice the combined "
-             "spread, |m - m₀| > 2·sqrt(s² + s₀²). Parameters: every parameter of the model. Attention FLOPs per "
-             "token and layer (mean over layers): counted on the path that ran (FlopCounterMode) · the rule's ideal "
-             "(support/flops.py)."]
+             f"Each cell: {STATISTIC}; `*`: the row's paired difference from the first row has a 95% interval that "
+             "excludes 0 (the differences under each table). Parameters: every parameter of the model. Attention "
+             "FLOPs per token and layer (mean over layers): counted on the path that ran (FlopCounterMode) · the "
+             "rule's ideal (support/flops.py)."]
     if lab.table.departs:
         lines += ['', f"Against the paper (at the paper budget): {lab.table.departs}."]
     for system in lab.systems:
         metrics, row_names = metrics_of(lab, system), lab.rows_of[system]
+        first = cells[row_names[0]][system]
         lines += ['', f"### {system}: {SYSTEMS[system].about}", '',
                   f"Every row: {every_row(lab, system)}, then its own arguments.", '',
                   '| rule | arguments | ' + ' | '.join(m.label for m in metrics) +
                   ' | parameters | attention FLOPs: counted · ideal | time, speed |',
                   '| --- | --- |' + ' --- |' * (len(metrics) + 3)]
-        first = cells[row_names[0]][system]
         lines += [table_line(row, cells[row][system], first, metrics) for row in row_names]
-        lines += ['', holds(system, row_names, cells, metrics[0]), *reused_line(lab, cells, row_names, system)]
-    return '\n'.join(lines) + '\n'
+        if len(row_names) > 1:
+            lines += ['', f"Against {row_names[0]}: {PAIRED}; `*` where it excludes 0.", '',
+                      '| rule | ' + ' | '.join(m.label for m in metrics) + ' |', '| --- |' + ' --- |' * len(metrics)]
+            lines += [paired_line(row, cells[row][system], first, metrics) for row in row_names[1:]]
+        lines += ['', told_apart(system, row_names, cells, metrics[0]), *reused_line(lab, cells, row_names, system)]
+        if figures and figures.get(system):
+            lines += ['', 'Figures: ' + ' · '.join(f"[{label}]({name})" for label, name in figures[system]) + '.']
+    return '\n'.join(lines + claims_markdown(lab, claim_results(lab, cells))) + '\n'
+
+
+def claim_results(lab, cells):
+    """The table's claims (studies/claims.py) on the systems, metrics and rows it ran, each with its paired
+    comparison and verdict, as table.json keeps them."""
+    results = []
+    for claim in CLAIMS.get(lab.table_name, ()):
+        system = claim.system
+        if system not in lab.systems or not {claim.row, claim.against} <= set(lab.rows_of[system]):
+            continue
+        metric = next((m for m in metrics_of(lab, system) if m.key == claim.metric), None)
+        if metric is None:
+            continue
+        ours = compared(cells[claim.row][system], cells[claim.against][system], claim.metric)
+        results.append({**asdict(claim), 'label': metric.label, 'digits': metric.digits, 'ours': ours,
+                        'verdict': 'no number' if ours is None else verdict(claim.way, ours)})
+    return results
+
+
+def paper_text(result):
+    """The paper's numbers of a claim: row − against = difference, or the one it reports."""
+    paper, d = result['paper'], result['digits']
+    if result['row'] in paper and result['against'] in paper:
+        a, b = paper[result['row']], paper[result['against']]
+        return f"{a:.{d}f} − {b:.{d}f} = {signed(a - b, d)}"
+    return '; '.join(f"{row} {value:.{d}f}" for row, value in paper.items()) or 'no number for this metric'
+
+
+def verdict_text(result):
+    """A claim's verdict, with the smallest difference its seeds could have shown where they tell nothing."""
+    ours = result['ours']
+    if result['verdict'] == 'not told apart':
+        return f"not told apart at this budget (±{ours['half_width']:.{result['digits']}f})"
+    return result['verdict']
+
+
+def claims_markdown(lab, results):
+    """table.md's last part: each claim, the paper's numbers, ours and the verdict."""
+    if not results:
+        return []
+    scale = ("At the paper budget the rows follow the paper's recipe, where it departs as said above" if
+             lab.budget == 'paper' else f"At budget `{lab.budget}` the models, data and steps are far smaller "
+             "than the paper's: a verdict says whether this table's difference has the claimed direction, not that "
+             "the paper's numbers hold")
+    lines = ['', "### The paper's claims", '', f"{scale}. Ours: the paired difference (row − compared) and its 95% "
+             "interval, from the tables above. Holds: the interval on the claimed side of 0 (for a claim that a "
+             "row matches or beats another: on its good side); contradicted: on the other side; not told apart: "
+             "the interval holds 0, with the smallest difference these seeds could have shown.", '',
+             '| claim | system: metric | compared | the paper | ours | verdict |', '| --- | --- | --- | --- | --- | --- |']
+    for r in results:
+        note = f" *({r['note']})*" if r['note'] else ''
+        lines.append(f"| {r['says']}{note} | {r['system']}: {r['label']} | {r['row']} − {r['against']}: "
+                     f"{r['way'].replace('_', ' ')} | {paper_text(r)} | {difference_text(r['ours'], r['digits'])} | "
+                     f"{verdict_text(r)} |")
+    return lines
 
 
 def reused_line(lab, cells, row_names, system):
@@ -889,7 +995,7 @@ def every_row(lab, system):
            f"checkpoint {text}"
 
 
-def markdown(lab, head, cells):
+def markdown(lab, head, cells, figures=None):
     """table.md of the every-rule table: each system's line, then a row per rule."""
     lines = [f"Budget `{head['budget']}`; {head_line(head)}", '', f"Each cell: {STATISTIC}; then the runs' mean wall "
              "time (training and scoring) and median training speed.", '']
@@ -900,6 +1006,9 @@ def markdown(lab, head, cells):
     lines += [f"| {row} | " + ' | '.join(cell_text(cells[row][s], s) for s in lab.systems) + ' |' for row in lab.rows]
     for s in lab.systems:
         lines += reused_line(lab, cells, [r for r in lab.rows if r in cells and s in cells[r]], s)
+    if figures:
+        lines += ['', 'Figures: ' + ' · '.join(f"[{s}, {label}]({name})" for s, pairs in figures.items()
+                                               for label, name in pairs) + '.']
     return '\n'.join(lines) + '\n'
 
 
@@ -918,55 +1027,92 @@ def header(lab):
 
 
 def plots(lab, cells):
-    """A PNG per system and metric in the lab's folder, the rows side by side (mean over seeds); None where
+    """The figures (studies/figures.py) written beside table.md: {system: [(what it shows, file name)]}; None where
     matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    written = []
+    written = {}
     for system in lab.systems:
         row_names = lab.rows_of[system]
         for metric in metrics_of(lab, system):
-            names = [r for r in row_names if values_of(cells[r][system], metric.key) is not None]
+            values = {r: seed_values(cells[r][system], metric.key) for r in row_names}
+            names = [r for r in row_names if values[r] is not None]
             if not names:
                 continue
-            values = [np.mean(values_of(cells[r][system], metric.key)) for r in names]
-            fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(names), 3.2))
-            bars = ax.bar(names, values, color=[f'C{row_names.index(r)}' for r in names])
-            ax.bar_label(bars, fmt=f'%.{metric.digits}f', fontsize=7)
-            if metric.lower_is_better:  # a loss: the differences, not the distance from zero
-                ax.set_ylim(0.98 * min(values), 1.01 * max(values))
-            ax.set_title(f"{system}: {metric.label} (budget {lab.budget})", fontsize=9)
-            ax.tick_params(axis='x', labelrotation=45, labelsize=8)
-            fig.tight_layout()
-            path = os.path.join(lab.folder, f"{system}_{metric.key}.png")
-            write_or_exit(path, lambda tmp: fig.savefig(tmp, dpi=80, format='png'),
-                          f"the runs, table.md and table.json are kept in {lab.folder}",
-                          "free space, then run again with --train_missing=False")
-            plt.close(fig)
-            written.append(path)
+            first = cells[names[0]][system]
+            comparisons = {r: compared(cells[r][system], first, metric.key) for r in names[1:]}
+            title = (f"{system}: {metric.label} ({'lower' if metric.lower_is_better else 'higher'} is better), "
+                     f"budget {lab.budget}, seeds {','.join(map(str, lab.seeds))}")
+            fig = values_figure(plt, title, metric.label, names, values, comparisons)
+            written.setdefault(system, []).append((metric.label, save_figure(lab, plt, fig, f"{system}_{metric.key}")))
+        curves = run_curves(lab, plt, cells, system)
+        if curves:
+            written.setdefault(system, []).append(('curves', curves))
     return written
 
 
+def run_curves(lab, plt, cells, system):
+    """The validation and training curves of a system's rows, from their runs' log.jsonl: the file name, or None
+    where no row logged any."""
+    row_names = [r for r in lab.rows_of[system] if cells[r][system]['status'] == 'ok']
+    logs = {r: [read_log(os.path.join(lab.out_root, run['run'])) for run in cells[r][system]['seeds'].values()]
+            for r in row_names}
+    key, label = next(((m.key, m.label) for m in SYSTEMS[system].metrics if m.key in ('val_loss', 'val_acc')),
+                      ('val_loss', 'val loss'))
+    fig = curves_figure(plt, f"{system}: training curves, budget {lab.budget}", row_names, logs, key,
+                        f"{label} (train.py's estimate)")
+    return fig and save_figure(lab, plt, fig, f"{system}_curves")
+
+
+def save_figure(lab, plt, fig, name):
+    """fig written as lab.folder/NAME.png; its file name."""
+    path = os.path.join(lab.folder, f"{name}.png")
+    write_or_exit(path, lambda tmp: fig.savefig(tmp, dpi=90, format='png'),
+                  f"the runs, table.md and table.json are kept in {lab.folder}",
+                  "free space, then run again with --train_missing=False")
+    plt.close(fig)
+    return os.path.basename(path)
+
+
 def write_tables(lab, cells):
-    """The table printed, then written: table.md, table.json and its figures."""
+    """The figures written, then the table printed and written: table.md (linking the figures) and table.json."""
     head = header(lab)
-    text = table_markdown(lab, head, cells) if lab.table else markdown(lab, head, cells)
+    figures = plots(lab, cells)
+    text = table_markdown(lab, head, cells, figures) if lab.table else markdown(lab, head, cells, figures)
     print('\n' + text)
     kept = f"the runs are kept in {lab.folder} and the table is printed above"
     todo = "free space (or fix the folder's permissions), then run again with --train_missing=False to write them"
     write_or_exit(os.path.join(lab.folder, 'table.md'), lambda tmp: write_text(tmp, text), kept, todo)
-    record = {**head, 'systems': {s: {'metric': SYSTEMS[s].about, 'budget_args': system_args(lab, s),
-                                      **({'shared': lab.table.systems[s].shared} if lab.table else {})}
-                                  for s in lab.systems}, 'rows': cells}
+    record = {**head, 'statistic': STATISTIC, **({'paired': PAIRED} if lab.table else {}),
+              'systems': {s: {'metric': SYSTEMS[s].about, 'budget_args': system_args(lab, s),
+                              **({'shared': lab.table.systems[s].shared} if lab.table else {})}
+                          for s in lab.systems}, 'rows': cells_record(lab, cells)}
+    if lab.table:
+        record['claims'] = claim_results(lab, cells)
     write_or_exit(os.path.join(lab.folder, 'table.json'), lambda tmp: write_text(tmp, json.dumps(record, indent=1)),
                   f"{kept}, table.md is written", todo)
-    figures = plots(lab, cells)
-    print(f"wrote {lab.folder}/table.md, table.json" + (f" and {len(figures)} figures" if figures else
+    count = sum(len(pairs) for pairs in figures.values()) if figures is not None else 0
+    print(f"wrote {lab.folder}/table.md, table.json" + (f" and {count} figures" if figures is not None else
                                                         " (no figures: pip install matplotlib for them)"))
+
+
+def cells_record(lab, cells):
+    """table.json's rows: each cell as run (its seeds' runs, their metrics), with, in a paper's table, each metric's
+    values by seed and its paired difference from the system's first row (`against_first`)."""
+    if not lab.table:
+        return cells
+    record = {}
+    for system in lab.systems:
+        first = cells[lab.rows_of[system][0]][system]
+        for row in lab.rows_of[system]:
+            cell = cells[row][system]
+            keys = [m.key for m in metrics_of(lab, system)]
+            extra = {'values': {k: seed_values(cell, k) for k in keys}}
+            if cell is not first:
+                extra['against_first'] = {k: compared(cell, first, k) for k in keys}
+            record.setdefault(row, {})[system] = {**cell, **extra}
+    return record
 
 
 def take_folder(lab):

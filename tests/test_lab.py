@@ -7,6 +7,7 @@ parameter count and its attention FLOPs (counted, and the closed form); a differ
 of the seeds is marked; an unknown table, or a rule it has no row for, is one error line before any run. (Other bad
 input: tests/test_script_errors.py.)"""
 import json
+import math
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,7 +132,7 @@ def tiny_text_table(tmp_path, name, row_names):
 
 
 def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_model(tmp_path):
-    lab, rows, out = tiny_text_table(tmp_path, 'tda', 'softmax,tda')
+    lab, rows, out = tiny_text_table(tmp_path, 'tda', 'tda')  # one row: run beside the table's first, softmax
     assert list(rows) == ['softmax', 'tda'] and all(r['text']['status'] == 'ok' for r in rows.values()), out
     shapes, params = {}, {}
     for row in rows:
@@ -148,6 +150,7 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
     C, D, T = 32, 16, 32  # the tiny text system: 1 layer of 2 heads, no biases
     assert params['tda'] - params['softmax'] == 2 * C * C + 2 + D  # the second view's q, k; log β, λ; the RMSNorm
     softmax, tda = (rows[row]['text']['seeds']['1337']['metrics'] for row in ('softmax', 'tda'))
+    softmax_metrics = softmax
     assert softmax['flops_counted'] == 4 * C * T and softmax['flops_ideal'] == 2 * C * (T + 1)  # SDPA: all T×T
     assert tda['flops_counted'] == 6 * C * T and tda['flops_ideal'] == 6 * C * (T + 1) / 2  # 2 score maps + W v
     assert softmax['sparsity'] == 0.0 and 0.0 <= tda['sparsity'] <= 1.0  # analyze.py's, on the same val batch
@@ -155,7 +158,17 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
     text = (lab / 'tda' / 'table.md').read_text()
     assert "Every row: `config/shakespeare_char.py" in text and "--pos_emb=rope`, then its own arguments." in text
     assert f"| tda | `--attention=tda --tda_beta=0.5` | {tda['val_loss']:.4f} | {tda['sparsity']:.3f} |" in text
-    assert "**text**, val loss (lower is better), against softmax: one seed, not told from noise: tda." in text
+    assert "**text**, val loss (lower is better), against softmax, paired by seed: one seed, no interval: tda." in text
+
+    # another row on its own: softmax's run is reused (none of its files touched), the new row trained beside it
+    softmax = lab / rows['softmax']['text']['seeds']['1337']['run']
+    stamps = {p: p.stat().st_mtime_ns for p in softmax.rglob('*')}
+    lab, again, out = tiny_text_table(tmp_path, 'tda', 'dex')
+    assert list(again) == ['softmax', 'dex'] and again['dex']['text']['status'] == 'ok', out
+    assert {p: p.stat().st_mtime_ns for p in softmax.rglob('*')} == stamps
+    assert again['softmax']['text']['seeds']['1337']['metrics'] == softmax_metrics
+    dex = again['dex']['text']
+    assert dex['against_first']['val_loss']['diffs'] == [dex['values']['val_loss']['1337'] - softmax_metrics['val_loss']]
 
 
 def test_the_flops_counted_for_softmax_equal_its_closed_form():
@@ -178,31 +191,95 @@ def test_the_flops_counted_for_softmax_equal_its_closed_form():
     assert matched.ideal_flops(T) == causal.ideal_flops(T)  # two score maps of D/2, one W v: softmax's products
 
 
-def test_a_paper_table_marks_a_difference_beyond_twice_the_combined_spread(monkeypatch):
-    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
-    from studies import ablate
+def fake_cells(**losses):
+    """{row: {'text': a cell}} of val losses, one run per seed from 1337 on, as cell_run writes them."""
     run = lambda loss: {'metrics': {'val_loss': loss, 'params': 801664, 'flops_counted': 4096.0,
                                     'flops_ideal': 2112.0}, 'train_wall_s': 9.0, 'score_wall_s': 1.0, 'rate': 100.0,
-                        'rate_unit': 'tok/s'}
-    cell = lambda *losses: {'text': {'status': 'ok', 'own': '--attention=x', 'seeds': {str(1337 + i): run(loss)
-                                                                                      for i, loss in enumerate(losses)}}}
-    cells = {'softmax': cell(1.0, 1.1, 1.2),   # 1.1 ± 0.1 (the sample standard deviation, ddof=1)
-             'window': cell(0.5, 0.6, 0.7),    # 0.6 ± 0.1: |0.6 - 1.1| = 0.5 > 2·sqrt(0.1² + 0.1²) = 0.28
-             'topk': cell(1.0, 1.2, 1.4),      # 1.2 ± 0.2: |1.2 - 1.1| = 0.1 < 2·sqrt(0.1² + 0.2²) = 0.45
-             'routing': cell(1.5, 1.6, 1.7),   # 1.6 ± 0.1: higher beyond noise
-             'krause': cell(1.05)}             # one seed: no spread to compare with
+                        'rate_unit': 'tok/s', 'run': f'runs/text/x-s{1337}'}
+    return {row: {'text': {'status': 'ok', 'own': '--attention=x',
+                           'seeds': {str(1337 + i): run(loss) for i, loss in enumerate(values)}}}
+            for row, values in losses.items()}
+
+
+def test_the_95_percent_t_quantile_equals_the_tables_and_scipy():
+    from studies.verdicts import t_quantile, t_two_sided
+    printed = {1: 12.706204736174705, 2: 4.302652729911275, 3: 3.182446305284263, 4: 2.7764451051977934,
+               9: 2.2621571627409915, 10: 2.2281388519649385, 30: 2.0422724563012373}  # t(0.975, df), 16 digits
+    for df, t in printed.items():
+        assert t_quantile(0.95, df) == pytest.approx(t, rel=1e-9), df
+        assert t_two_sided(t, df) == pytest.approx(0.95, abs=1e-10)  # atan, then sin or cos: float error
+    scipy = pytest.importorskip('scipy.stats', reason='scipy (not a dependency) compares every df to 60')
+    for df in range(1, 61):
+        for level in (0.8, 0.95, 0.99):
+            assert t_quantile(level, df) == pytest.approx(scipy.t.ppf((1 + level) / 2, df), rel=1e-9), (df, level)
+
+
+def test_a_paper_table_marks_a_row_whose_paired_interval_excludes_zero(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
+    from studies import ablate
+    cells = fake_cells(softmax=(1.0, 1.1, 1.2),    # 1.1 ± 0.1 (the sample standard deviation, ddof=1)
+                       window=(0.5, 0.6, 0.7),     # each seed 0.5 lower: d = -0.5 ± 0, the interval [-0.5, -0.5]
+                       topk=(1.0, 1.2, 1.4),       # d = 0, 0.1, 0.2: 0.1 ± t·0.1/√3 = 0.1 ± 0.2484, holds 0
+                       longformer=(1.06, 1.15, 1.26),  # each seed about 0.057 higher, d's sd 0.0058: marked,
+                       #   though its mean is 0.057 from softmax's and the two spreads are 0.1 each
+                       routing=(1.6, 1.5, 1.4),    # 0.4 higher on average, but d = 0.6, 0.4, 0.2: 0.4 ± 0.4968, holds 0,
+                       #   though |1.5 - 1.1| = 0.4 > 2·sqrt(0.1² + 0.1²) = 0.28 (the unpaired rule would mark it)
+                       krause=(1.05,))             # one seed: no interval
     metrics, first = ablate.table_metrics(ablate.TABLES['krause_lm'], 'text', []), cells['softmax']['text']  # val loss
     line = lambda row: ablate.table_line(row, cells[row]['text'], first, metrics)
     assert line('softmax') == '| softmax | `--attention=x` | 1.1000 ± 0.1000 | 801,664 | 4.1k · 2.11k | 10 s, 100 tok/s |'
     assert line('window').startswith('| window | `--attention=x` | 0.6000 ± 0.1000* | 801,664 |')
     assert line('topk').startswith('| topk | `--attention=x` | 1.2000 ± 0.2000 | 801,664 |')
-    assert line('routing').startswith('| routing | `--attention=x` | 1.6000 ± 0.1000* |')
+    assert line('longformer').startswith('| longformer | `--attention=x` | 1.1567 ± 0.1002* |')
+    assert line('routing').startswith('| routing | `--attention=x` | 1.5000 ± 0.1000 |')
     assert line('krause').startswith('| krause | `--attention=x` | 1.0500 | 801,664 |')
-    assert ablate.holds('text', list(cells), cells, metrics[0]) == (
-        "**text**, val loss (lower is better), against softmax: lower beyond noise: window; higher beyond noise: "
-        "routing; within noise: topk; one seed, not told from noise: krause.")
+    t2 = 4.302652729911275  # t(0.975, 2), by hand: half-width t·sd(d)/√3
+    half = {'topk': t2 * 0.1 / math.sqrt(3), 'routing': t2 * 0.2 / math.sqrt(3),
+            'longformer': t2 * float(np.std([0.06, 0.05, 0.06], ddof=1)) / math.sqrt(3)}
+    assert half['routing'] == pytest.approx(0.49683, abs=1e-5)
+    pair = lambda row: ablate.paired_line(row, cells[row]['text'], first, metrics)
+    assert pair('window') == '| window | −0.5000 [−0.5000, −0.5000]* |'
+    assert pair('topk') == f"| topk | +0.1000 [{0.1 - half['topk']:+.4f}, +{0.1 + half['topk']:.4f}] |".replace('-', '−')
+    assert pair('routing') == '| routing | +0.4000 [−0.0968, +0.8968] |'
+    longformer = ablate.compared(cells['longformer']['text'], first, 'val_loss')
+    assert longformer['diffs'] == pytest.approx([0.06, 0.05, 0.06]) and longformer['apart'] == 1
+    assert longformer['half_width'] == pytest.approx(half['longformer'], rel=1e-9)
+    assert pair('krause') == '| krause | +0.0500 (one seed) |'  # its seed 1337 against softmax's 1.0
+    assert ablate.told_apart('text', list(cells), cells, metrics[0]) == (
+        "**text**, val loss (lower is better), against softmax, paired by seed: lower (the interval below 0): "
+        "window; not told apart (± the smallest difference its seeds could show): topk (±0.2484), routing (±0.4968); "
+        "higher (above 0): longformer; one seed, no interval: krause.")
     failed = {'status': 'failed', 'own': '--attention=x', 'why': 'error: a | b'}
     assert ablate.table_line('topk', failed, first, metrics) == '| topk | `--attention=x` | error: a / b | | | |'
+
+
+def test_a_claims_verdict_follows_its_paired_interval(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
+    from types import SimpleNamespace
+    from studies import ablate
+    from studies.claims import CLAIMS
+    cells = fake_cells(softmax=(1.0, 1.1, 1.2), window=(0.5, 0.6, 0.7), topk=(1.0, 1.2, 1.4),
+                       longformer=(1.06, 1.15, 1.26), routing=(1.6, 1.5, 1.4), krause=(0.9, 1.0, 1.1),
+                       krause_matched=(1.1, 1.2, 1.3))
+    lab = SimpleNamespace(table_name='krause_lm', table=ablate.TABLES['krause_lm'], systems=['text'], budget='cpu',
+                          rows_of={'text': list(cells)}, tasks='')
+    results = {(r['row'], r['against']): r for r in ablate.claim_results(lab, cells)}
+    assert {pair: r['verdict'] for pair, r in results.items()} == {  # each a claim that the row matches or beats
+        ('krause', 'softmax'): 'holds',            # d = -0.1 in each seed: the interval below 0
+        ('krause', 'window'): 'contradicted',      # d = +0.4 in each seed
+        ('krause', 'topk'): 'not told apart',      # d = -0.1, -0.2, -0.3: -0.2 ± 0.2484 holds 0
+        ('krause', 'longformer'): 'holds',         # d = -0.16, -0.15, -0.16
+        ('krause', 'routing'): 'holds',            # d = -0.7, -0.5, -0.3: -0.5 ± 0.4968, just below 0
+        ('krause_matched', 'softmax'): 'contradicted'}  # d = +0.1 in each seed
+    assert len(results) == len(CLAIMS['krause_lm'])
+    text = '\n'.join(ablate.claims_markdown(lab, list(results.values())))
+    assert "At budget `cpu` the models, data and steps are far smaller than the paper's" in text
+    assert "| text: val loss | krause − routing: not higher | no number for this metric | −0.5000 [−0.9968, −0.0032]* " \
+           "| holds |" in text
+    assert "| krause − topk: not higher | no number for this metric | −0.2000 [−0.4484, +0.0484] | not told apart at " \
+           "this budget (±0.2484) |" in text
+    lab.rows_of = {'text': ['softmax', 'krause']}  # --rows=krause: the claims against rows not run are left out
+    assert [(r['row'], r['against']) for r in ablate.claim_results(lab, cells)] == [('krause', 'softmax')]
 
 
 def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_run(tmp_path):
