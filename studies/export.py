@@ -103,10 +103,16 @@ def tokenizer_files(enc, block_size):
     token and the context as model_max_length."""
     from tiktoken.load import read_file_cached
     files = {name: read_file_cached(url, sha256) for name, (url, sha256) in GPT2_BPE_FILES.items()}
-    assert len(json.loads(files['vocab.json'])) == enc.n_vocab  # the 50,256 byte pairs and <|endoftext|>
+    assert len(json.loads(files['vocab.json'])) == enc.n_vocab  # 256 bytes, 50,000 merges, <|endoftext|>
     config = dict(tokenizer_class='GPT2Tokenizer', model_max_length=block_size, bos_token=ENDOFTEXT,
                   eos_token=ENDOFTEXT, unk_token=ENDOFTEXT, add_prefix_space=False, errors='replace')
     return {**files, 'tokenizer_config.json': json.dumps(config, indent=2).encode()}
+
+
+def generation_config(eos, block_size):
+    """generation_config.json: <|endoftext|> ends a text, and a generation stops at the context, prompt included
+    (max_length): past it GPT2LMHeadModel has no learned position, and it does not crop as GPT.generate does."""
+    return json.dumps(dict(bos_token_id=eos, eos_token_id=eos, max_length=block_size), indent=2).encode()
 
 
 def bytes_file(data):  # a write(path) for write_or_exit: through a Python file, so a full disk is an OSError
@@ -127,7 +133,7 @@ def main():
     config = hub_config(asdict(run.model.config), eos)
     tensors = hub_tensors(run.model.state_dict(), config)
     files = {**tokenizer_files(enc, config['n_positions']),
-             'generation_config.json': json.dumps(dict(bos_token_id=eos, eos_token_id=eos), indent=2).encode(),
+             'generation_config.json': generation_config(eos, config['n_positions']),
              'model.safetensors': save(tensors, metadata={'format': 'pt'}),  # in memory: once more the model's size
              'config.json': json.dumps(config, indent=2).encode()}  # last: until it is there, nothing loads the folder
     kept = f"{path} is as it was, and {hub_dir} has no config.json: nothing loads it"

@@ -81,16 +81,21 @@ def exported(tmp_path_factory):
 @pytest.mark.parametrize('case', list(CASES))
 def test_transformers_computes_our_logits(exported, case):
     """AutoModelForCausalLM on the exported folder, offline: GPT2LMHeadModel, float32, our logits at every position
-    to float32's rounding (a LoRA fine-tune: those of its unmerged model, the merge folded into the weights)."""
+    to float32's rounding (a LoRA fine-tune: those of its unmerged model, the merge folded into the weights);
+    greedy generation with its defaults is ours, to the end of the context (where its learned positions end)."""
     transformers = pytest.importorskip('transformers', reason="transformers (an extra) not installed: the export is "
                                                               "still read back as a base below")
     ours, hub = exported[case]
     assert sorted(os.listdir(hub)) == HUB_FILES
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(hub), local_files_only=True).eval()
     assert type(theirs).__name__ == 'GPT2LMHeadModel' and theirs.dtype == torch.float32
+    assert theirs.generation_config.max_length == SHAPE['block_size']  # generation stops where positions do
     idx = torch.randint(0, 50257, (3, SHAPE['block_size']), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(theirs(idx).logits, all_logits(ours, idx), atol=1e-5, rtol=0)
+        greedy = theirs.generate(idx[:1, :4], do_sample=False)[0].tolist()  # its defaults: to the context's end
+    want = ours.generate(idx[:1, :4], SHAPE['block_size'] - 4, temperature=0)[0].tolist()
+    assert greedy == want[:len(greedy)] and (len(greedy) == SHAPE['block_size'] or greedy[-1] == 50256)
 
 
 @needs_bpe
