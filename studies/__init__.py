@@ -10,4 +10,5 @@ What a researcher runs on checkpoints, each a script run from the repo root (`py
   harness.py      EleutherAI's lm-evaluation-harness on any GPT-2 BPE checkpoint; lm_tasks/: its local tasks
   cluster_swap.py a trained softmax GPT with its attention swapped for cluster attention, no training
   merge_lora.py   a LoRA fine-tune's checkpoint written with its updates merged into the weights
+  export.py       a GPT-2-shaped softmax run written in the Hugging Face Hub's layout, for transformers
 """

@@ -18,6 +18,8 @@ import json
 import os
 from dataclasses import asdict, fields
 
+import torch
+
 from attention import FrameConfig, SoftmaxConfig
 from rules import AttentionConfig
 from model import GPT, target_names
@@ -29,8 +31,10 @@ GPT2_MODELS = {'gpt2': 'openai-community/gpt2', 'gpt2-medium': 'openai-community
 HUB_FILES = ('config.json', 'model.safetensors')
 DATASET_ENCODING = {'shakespeare_char': 'chars', 'shakespeare': 'gpt2', 'openwebtext': 'gpt2', 'fineweb_edu': 'gpt2',
                     'recall': 'tokens', 'passkey': 'tokens'}  # meta.json's encoding of each dataset (pixels: none)
+TOKEN_NAMES = {'chars': 'character', 'gpt2': 'GPT-2 BPE', 'tokens': 'token-id', None: 'pixel'}  # encodings, in words
 OWN_STARTS = ('scratch', 'resume', 'auto')  # train.py's init_from values that are not a base
 GELU = {'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh', 'gelu': 'none'}  # GPT-2 config's activation -> ours
+HUB_GELU = {'tanh': 'gelu_new', 'none': 'gelu'}  # ours -> the activation an export names (GPT-2's own for tanh)
 # what a fine-tune sets itself (block_size shorter, or longer with RoPE: an extension); the rest comes from the base
 FINE_TUNE_KEYS = ('dropout', 'flex', 'lora_rank', 'lora_alpha', 'lora_dropout', 'lora_targets', 'rope_scaling',
                   'rope_factor', 'tile_weights')
@@ -94,8 +98,8 @@ def hub_folder(name):
 
 
 def read_hub_folder(folder):
-    """A GPT-2 in the Hugging Face layout -> {'model_args', 'state', 'meta'}: Conv1D weights (in, out) transposed
-    to our Linears' (out, in), names mapped, every tensor's shape checked against config.json."""
+    """A GPT-2 in the Hugging Face layout -> {'model_args', 'state', 'meta'}: its tensors by gpt2_layout (Conv1D
+    weights (in, out) transposed to our Linears' (out, in)), every shape checked against config.json."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     damaged = f"the folder is damaged or holds another model: a GPT-2 base is {hub_layout_help(folder)}"
@@ -118,31 +122,68 @@ def read_hub_folder(folder):
         raise ValueError(f"{folder}/config.json sets {key}={cfg.get(key)!r}, which this GPT does not compute "
                          f"(it has GELU or tanh-GELU, LayerNorm eps 1e-5, scores scaled by 1/sqrt(head size))")
     check_hub_config(cfg, folder, damaged)
-    C, L = cfg['n_embd'], cfg['n_layer']
+    tied = cfg.get('tie_word_embeddings', True) is not False
+    model_args = dict(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
+                      block_size=cfg['n_positions'], vocab_size=cfg['vocab_size'], bias=True,
+                      mlp_hidden=cfg.get('n_inner') or 0, tie_weights=tied, pos_emb='learned', attention='softmax',
+                      mix=False, window=0, gelu_approximate=GELU[cfg.get('activation_function', 'gelu_new')])
+    # the Hub holds both spellings: GPT-2's own file without the 'transformer.' prefix, save_pretrained's with it
+    hf = {k if k.startswith(('transformer.', 'lm_head.')) else 'transformer.' + k: v for k, v in hf.items()}
+    state = {}
+    for name, shape, conv1d in gpt2_layout(cfg):
+        if name not in hf or tuple(hf[name].shape) != shape:
+            found = 'is missing' if name not in hf else f"has shape {tuple(hf[name].shape)}"
+            raise ValueError(f"{folder}/model.safetensors: {name} {found}, config.json implies {shape}; {damaged}")
+        state[name] = (hf[name].t() if conv1d else hf[name]).float().contiguous()
+    if tied:
+        state['lm_head.weight'] = state['transformer.wte.weight']  # as GPT-2's
+    return {'model_args': model_args, 'state': state,
+            'meta': {'kind': 'text', 'encoding': 'gpt2', 'vocab_size': cfg['vocab_size']}}
+
+
+def gpt2_layout(cfg):
+    """[(name, shape, conv1d)] of the tensors of a GPT-2 of config.json `cfg`, in GPT2LMHeadModel's names, which are
+    ours: the one map between the Hub's files and our GPT, read both ways (read_hub_folder, hub_tensors). conv1d: a
+    Conv1D weight, stored (in, out) where our Linear's is (out, in). lm_head.weight only where the head is untied."""
+    C, V = cfg['n_embd'], cfg['vocab_size']
     hidden = cfg.get('n_inner') or 4 * C
-    model_args = dict(n_layer=L, n_head=cfg['n_head'], n_embd=C, block_size=cfg['n_positions'],
-                      vocab_size=cfg['vocab_size'], bias=True, mlp_hidden=cfg.get('n_inner') or 0, tie_weights=True,
-                      pos_emb='learned', attention='softmax', mix=False, window=0,
-                      gelu_approximate=GELU[cfg.get('activation_function', 'gelu_new')])
-    hf = {k.removeprefix('transformer.'): v for k, v in hf.items()}
-    expected = [('wte.weight', (cfg['vocab_size'], C)), ('wpe.weight', (cfg['n_positions'], C)),
-                ('ln_f.weight', (C,)), ('ln_f.bias', (C,))]
-    for i in range(L):
-        expected += [(f'h.{i}.{name}', shape) for name, shape in (
+    layout = [('transformer.wte.weight', (V, C)), ('transformer.wpe.weight', (cfg['n_positions'], C)),
+              ('transformer.ln_f.weight', (C,)), ('transformer.ln_f.bias', (C,))]
+    for i in range(cfg['n_layer']):
+        layout += [(f'transformer.h.{i}.{name}', shape) for name, shape in (
             ('ln_1.weight', (C,)), ('ln_1.bias', (C,)), ('attn.c_attn.weight', (C, 3 * C)),
             ('attn.c_attn.bias', (3 * C,)), ('attn.c_proj.weight', (C, C)), ('attn.c_proj.bias', (C,)),
             ('ln_2.weight', (C,)), ('ln_2.bias', (C,)), ('mlp.c_fc.weight', (C, hidden)), ('mlp.c_fc.bias', (hidden,)),
             ('mlp.c_proj.weight', (hidden, C)), ('mlp.c_proj.bias', (C,)))]
-    state = {}
-    for name, shape in expected:
-        if name not in hf or tuple(hf[name].shape) != shape:
-            found = 'is missing' if name not in hf else f"has shape {tuple(hf[name].shape)}"
-            raise ValueError(f"{folder}/model.safetensors: {name} {found}, config.json implies {shape}; {damaged}")
-        conv1d = name.endswith('.weight') and ('.attn.' in name or '.mlp.' in name)  # Conv1D keeps (in, out)
-        state['transformer.' + name] = (hf[name].t() if conv1d else hf[name]).float().contiguous()
-    state['lm_head.weight'] = state['transformer.wte.weight']  # tied, as GPT-2's
-    return {'model_args': model_args, 'state': state,
-            'meta': {'kind': 'text', 'encoding': 'gpt2', 'vocab_size': cfg['vocab_size']}}
+    if cfg.get('tie_word_embeddings', True) is False:
+        layout.append(('lm_head.weight', (V, C)))
+    return [(name, shape, name.endswith('.weight') and ('.attn.' in name or '.mlp.' in name)) for name, shape in layout]
+
+
+def hub_config(model_args, eos_token_id):
+    """config.json of the GPT2LMHeadModel that computes our GPT of `model_args` (a softmax GPT over the whole context
+    with learned positions: what studies/export.py checks first): read_hub_folder's reading, the other way."""
+    block = model_args['block_size']
+    dropout = model_args.get('dropout', 0.0)
+    return dict(architectures=['GPT2LMHeadModel'], model_type='gpt2', vocab_size=model_args['vocab_size'],
+                n_positions=block, n_ctx=block, n_embd=model_args['n_embd'], n_layer=model_args['n_layer'],
+                n_head=model_args['n_head'], n_inner=model_args.get('mlp_hidden') or None,
+                activation_function=HUB_GELU[model_args.get('gelu_approximate', 'none')], resid_pdrop=dropout,
+                embd_pdrop=dropout, attn_pdrop=dropout, layer_norm_epsilon=1e-5, initializer_range=0.02,
+                scale_attn_weights=True, tie_word_embeddings=model_args.get('tie_weights', True),
+                bos_token_id=eos_token_id, eos_token_id=eos_token_id, use_cache=True, dtype='float32')
+
+
+def hub_tensors(state, cfg):
+    """Our GPT's state dict (LoRA merged) -> model.safetensors' tensors for config.json `cfg` (gpt2_layout): Conv1D
+    weights back to (in, out); a bias our GPT lacks (bias=False) written as zeros, which GPT-2's Conv1D and LayerNorm
+    always add: the same function."""
+    tensors = {}
+    for name, shape, conv1d in gpt2_layout(cfg):
+        tensor = state[name] if name in state or not name.endswith('.bias') else torch.zeros(shape)
+        tensors[name] = (tensor.t() if conv1d else tensor).float().contiguous()
+        assert tuple(tensors[name].shape) == shape, (name, tuple(tensors[name].shape), shape)
+    return tensors
 
 
 HUB_SIZES = ('n_embd', 'n_layer', 'n_head', 'n_positions', 'vocab_size')  # config.json's keys that make the shape
@@ -167,10 +208,9 @@ def check_base_dataset(base, dataset):
     if theirs != ours:
         fits = [name for name in DATASETS if DATASET_ENCODING.get(name) == theirs and
                 (theirs or dataset_kind(name) == 'pixels')]
-        names = {'chars': 'character', 'gpt2': 'GPT-2 BPE', 'tokens': 'token-id', None: 'pixel'}
-        raise ValueError(f"dataset={dataset} is {names.get(ours, ours)} data, but the base {base['name']} reads "
-                         f"{names.get(theirs, theirs)} tokens; pass --dataset={' or '.join(fits) or 'one of its kind'}, or "
-                         f"another --init_from")
+        raise ValueError(f"dataset={dataset} is {TOKEN_NAMES.get(ours, ours)} data, but the base {base['name']} "
+                         f"reads {TOKEN_NAMES.get(theirs, theirs)} tokens; pass --dataset="
+                         f"{' or '.join(fits) or 'one of its kind'}, or another --init_from")
 
 
 def fine_tune_args(base, run_args, set_keys):

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,13 @@ def write_tiny_cifar(folder):
     (folder / 'meta.json').write_text(json.dumps({'kind': 'image', 'dataset': 'cifar10', 'label': 'label',
                                                   'num_classes': 10, 'classes': [], 'counts': {'train': 6, 'val': 5}}))
     return folder
+
+
+def checkpoint(model, dataset, meta, **extra):
+    """What train.py writes for `model`, but the optimizer and RNG states (nothing here resumes a good one)."""
+    args = {f.name: getattr(model.config, f.name) for f in fields(model.config) if f.init}
+    return {'model': model.state_dict(), 'model_args': args, 'iter_num': 1, 'best_val_loss': 1.0,
+            'config': {'dataset': dataset, 'data_dir': meta.pop('data_dir', '')}, 'meta': meta, **extra}
 
 
 TEXT_RUN = ['--dataset=shakespeare_char', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32',

@@ -7,21 +7,13 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import fields
 
 import pytest
 import torch
 
-from conftest import ROOT, run_forked
+from conftest import ROOT, checkpoint, run_forked
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig
-
-
-def checkpoint(model, dataset, meta, **extra):
-    """What train.py writes for `model`, but the optimizer and RNG states (nothing here resumes a good one)."""
-    args = {f.name: getattr(model.config, f.name) for f in fields(model.config) if f.init}
-    return {'model': model.state_dict(), 'model_args': args, 'iter_num': 1, 'best_val_loss': 1.0,
-            'config': {'dataset': dataset, 'data_dir': meta.pop('data_dir', '')}, 'meta': meta, **extra}
 
 
 @pytest.fixture(scope='module')

@@ -119,6 +119,15 @@ CASES = [
     ('studies/cluster_swap.py', ['--out_dir=B', '--data_dir={d}/nowhere'], r"data_dir=.*nowhere is not a folder"),
     ('studies/merge_lora.py', ['--ckpt={d}/base', '--out={d}/merged.pt'], r"ckpt=.*base is not a file; pass --ckpt"),
     ('studies/merge_lora.py', ['--ckpt={d}/lora/ckpt.pt', '--out={d}/lora'], r"out=.*lora is a folder; pass --out="),
+    ('studies/export.py', ['--out_dir={d}/nowhere', '--hub_dir={d}/hub'], r"out_dir=.*nowhere holds no checkpoint "
+     r"\(.*nowhere/ckpt.pt\); pass --out_dir=DIR of a run of train.py"),
+    ('studies/export.py', ['--out_dir=B'], r"hub_dir is empty; pass --hub_dir=DIR, a new folder for the export"),
+    ('studies/export.py', ['--out_dir=B', '--hub_dir={d}/input.txt'], r"hub_dir=.*input.txt is a file; pass --hub_d"),
+    ('studies/export.py', ['--out_dir=B', '--hub_dir=B'], r"hub_dir=.*base already holds .*ckpt.pt.*: the export would "
+     r"replace what is there; pass --hub_dir=A_NEW_FOLDER, or delete .*base first"),
+    ('studies/export.py', ['--out_dir=B', '--hub=x'], r"unknown key 'hub' in --hub; did you mean 'hub_dir'\?"),
+    ('studies/export.py', ['--out_dir=B', '--hub_dir={d}/hub'], r"ckpt.pt reads character tokens \(shakespeare_char\), "
+     r"and GPT-2's tokenizer makes GPT-2 BPE ones: train on GPT-2 BPE text \(--dataset=shakespeare"),
 ]
 DEVICE_SCRIPTS = ['sample.py', 'bench.py', 'studies/extrapolate.py', 'studies/harness.py', 'studies/analyze.py']
 
