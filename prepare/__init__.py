@@ -137,11 +137,11 @@ def hub_unreachable(timeout=5):
     import urllib.parse
     import urllib.request
     from huggingface_hub.constants import ENDPOINT
-    if urllib.request.getproxies().get('https'):
+    if urllib.request.getproxies():
         return None
     url = urllib.parse.urlsplit(ENDPOINT)
     try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        socket.create_connection((url.hostname, url.port or (80 if url.scheme == 'http' else 443)), timeout).close()
     except OSError as e:
         return f"{url.hostname} cannot be reached: {e}"
     return None
