@@ -21,7 +21,8 @@ overridden = set()  # the keys a config file changed or --key=value gave (a fine
 
 
 def _config_error(msg):
-    raise SystemExit(f"error: {msg}")
+    from support.runtime import exit_with_error  # every process of a torchrun meets it: said once
+    exit_with_error(msg)
 
 
 def _run_config(source, path, scope):

@@ -31,8 +31,8 @@ from support.pretrained import (OWN_STARTS, check_tokens, fine_tune_args, load_b
                                 load_base_weights)
 from prepare import (ROOT, check_dataset_dir, check_files, dataset_kind, default_data_dir,
                      prepare_dataset, val_tokens_needed)
-from support.runtime import (all_sum, init_ddp, dataclass_defaults, dataclass_values, peak_flops,
-                             precision)
+from support.runtime import (all_sum, init_ddp, dataclass_defaults, dataclass_values, exit_with_error,
+                             peak_flops, precision, wait_for_rank0)
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -117,7 +117,7 @@ config = {k: globals()[k] for k in config_keys}  # will be useful for logging
 
 
 def fail(msg):
-    raise SystemExit(f"error: {msg}")
+    exit_with_error(msg)  # under torchrun: said once, by local rank 0
 
 
 # the run's hold on out_dir (RunDir): Ctrl-C, a failed write or the data gone mid-run end in one
@@ -165,8 +165,7 @@ if master_process:
         char_base = base is not None and base['meta'].get('encoding') == 'chars'
         prepare_dataset(dataset, data_dir, data_source, config,  # a character base: its alphabet
                         **({'chars': base['meta']['itos']} if char_base else {}))
-if ddp:
-    dist.barrier()
+wait_for_rank0(ddp, ddp_rank)  # where rank 0 stopped instead, it says why
 with one_line_errors():
     meta, split_rows = check_files(dataset, data_dir)  # every file the size meta.json says
     batches = Batches(dataset, data_dir, meta, split_rows, block_size, batch_size, device,

@@ -3,7 +3,7 @@
 # (AttentionX, arXiv 2409.04275, §4.2; docs/rules.md#attentionx), which reports a slightly better validation curve.
 # 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/attentionx_gpt.py
 # 1 GPU:   python train.py config/attentionx_gpt.py
-# CPU, nanoGPT's baby GPT with it (docs/docs/RESULTS.md#attentionx): python train.py config/shakespeare_char.py --device=cpu
+# CPU, nanoGPT's baby GPT with it (docs/RESULTS.md#attentionx): python train.py config/shakespeare_char.py --device=cpu
 #   --compile=False --attention=attentionx --attnx_gamma=3 ... (the rest of the command there)
 # Compare with config/softmax_gpt.py: same data and tokens per step. The attention is softmax's SDPA call with
 # is_causal=True (flash on GPU) plus one subtraction, so a step costs the same.

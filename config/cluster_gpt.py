@@ -2,7 +2,7 @@
 # (config/softmax_gpt.py) with attention='cluster'. Each query attends exactly to its own chunk of 64 tokens and to
 # m = 64 cluster summaries (mass, mean key, mean value) of all earlier chunks: 128 entries per query, not up to 1024.
 # 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/cluster_gpt.py
-# CPU, nanoGPT's baby GPT (docs/docs/RESULTS.md#cluster-attention):
+# CPU, nanoGPT's baby GPT (docs/RESULTS.md#cluster-attention):
 # python train.py config/shakespeare_char.py --attention=cluster --cluster_chunk=16 --device=cpu --compile=False
 #   --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
 #   --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0

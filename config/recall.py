@@ -1,5 +1,5 @@
 # Multi-query associative recall (Zoology's MQAR; the embedded default of train.py, written out): 4 key-value pairs
-# over 16 keys, sequences of 32 tokens, then queries. Loss and accuracy count answer tokens only (docs/docs/RESULTS.md#recall).
+# over 16 keys, sequences of 32 tokens, then queries. Loss and accuracy count answer tokens only (docs/RESULTS.md#recall).
 # python train.py config/recall.py                  (the same as python train.py)
 # Swap `attention` to compare rules:
 # python train.py config/recall.py --attention=softmax --window=8   (a window too short to see the pairs)

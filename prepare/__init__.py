@@ -125,6 +125,44 @@ def gpt2_encoding():
                            f"go online once") from None
 
 
+def local_copy(what):
+    """How to pass a local copy instead of the Hub's: train.py's key and the prepare scripts' key."""
+    return f"--data_source={what} to train.py (--source={what} to a prepare/ script)"
+
+
+def hub_unreachable(timeout=5):
+    """Why the Hugging Face Hub (HF_ENDPOINT) cannot be reached, from one TCP connection of at most `timeout` s;
+    None where it answers, and behind a proxy (only the download itself can go through one)."""
+    import socket
+    import urllib.parse
+    import urllib.request
+    from huggingface_hub.constants import ENDPOINT
+    if urllib.request.getproxies():
+        return None
+    url = urllib.parse.urlsplit(ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (80 if url.scheme == 'http' else 443)), timeout).close()
+    except OSError as e:
+        return f"{url.hostname} cannot be reached: {e}"
+    return None
+
+
+@contextmanager
+def hub_or_cache():
+    """Yields None, or why the Hub cannot be reached: then the datasets library runs offline inside, as under
+    HF_HUB_OFFLINE=1 (its cache, or an error at once), instead of retrying each request for 25 s before that."""
+    import datasets
+    import huggingface_hub.constants as hub
+    unreachable = None if hub.HF_HUB_OFFLINE else hub_unreachable()
+    offline = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
+    if unreachable:  # the flags the libraries read HF_HUB_OFFLINE into when imported
+        datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield unreachable
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = offline
+
+
 def prepare_dataset(name, data_dir, source, config, **extra):
     """Prepare dataset `name` into data_dir (download, or read `source`) unless it is already there. extra: passed
     on to the module's prepare (chars=: a character dataset encoded with a base model's characters)."""

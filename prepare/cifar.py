@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prepare import array_file, check_source, read_meta, script_errors, stop_if_disk_full, write_prepared
+from prepare import (array_file, check_source, hub_or_cache, local_copy, read_meta, script_errors, stop_if_disk_full,
+                     write_prepared)
 
 DATASETS = {'cifar10': 'uoft-cs/cifar10', 'cifar100': 'uoft-cs/cifar100', 'mnist': 'ylecun/mnist'}  # name -> Hub id
 IMAGES = {'cifar10': ('img', 32, 'RGB'), 'cifar100': ('img', 32, 'RGB'),  # name -> image column, side, PIL mode
@@ -45,11 +46,13 @@ def read_source(dataset, source, label_col):
     import datasets
     # both paths end in the same DatasetDict with splits 'train' and 'test', so everything after is shared
     if source is None:
-        try:
-            return datasets.load_dataset(DATASETS[dataset])
-        except OSError as e:  # ConnectionError and the Hub's not-found errors are OSErrors
-            raise RuntimeError(f"could not load {dataset} from the Hugging Face Hub ({e}). Offline? Pass "
-                               f"--source=DIR, {expected_format(dataset, label_col)}") from e
+        with hub_or_cache() as unreachable:
+            try:
+                return datasets.load_dataset(DATASETS[dataset])
+            except OSError as e:  # ConnectionError and the Hub's not-found errors are OSErrors
+                why = f"{unreachable}, and the datasets cache holds no copy" if unreachable else e
+                raise RuntimeError(f"could not load {dataset} from the Hugging Face Hub ({why}). Offline? Pass "
+                                   f"{local_copy('DIR')}, {expected_format(dataset, label_col)}") from e
     files = {split: Path(source) / f'{split}.parquet' for split in SPLITS.values()}
     missing = [str(f) for f in files.values() if not f.is_file()]
     if missing:

@@ -24,7 +24,8 @@ import numpy as np
 from datasets import load_dataset
 from tqdm import tqdm
 
-from prepare import gpt2_encoding, read_meta, stop_if_disk_full, whole_number  # read_meta: openwebtext.py reads it
+from prepare import (gpt2_encoding, hub_or_cache, local_copy, read_meta,  # read_meta: openwebtext.py reads it
+                     stop_if_disk_full, whole_number)
 from prepare.atomic import write_atomically, write_text
 
 EOT = 50256  # <|endoftext|>
@@ -57,12 +58,14 @@ def open_dataset(source, load_hub, name):
         except Exception as e:  # a file that is not what its suffix says
             raise ValueError(f"could not read --source={source} ({e}): expected {SOURCE_HELP}") from e
     else:
-        try:
-            dataset, label = load_hub()
-            first = next(iter(dataset), None)
-        except Exception as e:  # offline, or the hub repo moved
-            raise RuntimeError(f"could not load {name} from the Hugging Face hub ({type(e).__name__}: {e}). "
-                               f"Offline? Get a copy and pass --source=PATH, {SOURCE_HELP}.") from e
+        with hub_or_cache() as unreachable:
+            try:
+                dataset, label = load_hub()
+                first = next(iter(dataset), None)
+            except Exception as e:  # offline, or the hub repo moved
+                why = unreachable or f"{type(e).__name__}: {e}"
+                raise RuntimeError(f"could not load {name} from the Hugging Face hub ({why}). Offline? Get a copy "
+                                   f"and pass {local_copy('PATH')}, {SOURCE_HELP}.") from e
     if first is None or "text" not in first:
         raise ValueError(f"{label} has no documents with a `text` column (columns: {sorted(first or {})}): "
                          f"expected {SOURCE_HELP}")

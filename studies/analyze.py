@@ -73,6 +73,12 @@ def check_analyze_settings(c):
     check_writable_file(c, 'json_path', 'analysis JSON')
     if c['plots'] and os.path.exists(c['plots']) and not os.path.isdir(c['plots']):
         raise ValueError(f"plots={c['plots']} is a file, not a folder; pass --plots=FOLDER for the PNGs")
+    if c['plots']:  # asked for plots: none made would not be a success
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError(f"plots={c['plots']} needs matplotlib, which is not installed: pip install matplotlib, "
+                             f"or drop --plots for the tables and analysis.json alone") from None
 
 
 if __name__ == '__main__':  # tests import the metrics without reading the command line
@@ -422,12 +428,7 @@ def main():
     write_or_exit(target, write_json, "the tables printed above are all that was kept",
                   "pass --json_path=PATH in a folder you can write to (or free space there) and run again")
     print(f"\nwrote {target}")
-    if plots:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print(f"plots: matplotlib is not installed, so no PNGs were written; pip install matplotlib, then run again")
-            return
+    if plots:  # matplotlib is there: check_analyze_settings
         written = []
         try:
             make_plots(entries, all_maps, plots, written)

@@ -25,7 +25,7 @@ from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, check_init_from
 from prepare import DATASETS, check_dataset_name, dataset_kind, memory_bytes as machine_memory
 from prepare import passkey, recall
-from support.runtime import DTYPES, check_attention_layers, dataclass_values
+from support.runtime import DTYPES, check_attention_layers, dataclass_values, exit_with_error
 from vit import ViTConfig
 
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
@@ -52,7 +52,7 @@ def one_line_errors(*errors):
     try:
         yield
     except (ValueError, *errors) as e:
-        raise SystemExit(f"error: {e}") from None
+        exit_with_error(e)  # under torchrun: said once, by local rank 0
 
 
 def check_or_exit(check, *args, **kwargs):

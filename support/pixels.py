@@ -58,9 +58,12 @@ def to_images(seqs, shape):
     return seqs.cpu().to(torch.uint8).view(-1, *shape).numpy()
 
 
-def png_grid(images, path, columns=8, pad=2):
-    """(N, H, W, C) uint8 images in a grid, `columns` wide, on a white ground, written to path as PNG (grey for C=1)."""
+def png_grid(images, path, columns=8, scale=4, pad=4):
+    """(N, H, W, C) uint8 images in a grid at most `columns` wide, as many rows as they fill, each pixel a scale x scale
+    block (a 32-pixel image is too small to see), on a white ground, written to path as PNG (grey for C=1)."""
+    images = images.repeat(scale, axis=1).repeat(scale, axis=2)  # nearest neighbour: every pixel stays as drawn
     n, h, w, c = images.shape
+    columns = min(columns, n)
     rows = -(-n // columns)
     grid = np.full((rows * (h + pad) + pad, columns * (w + pad) + pad, c), 255, dtype=np.uint8)
     for i, im in enumerate(images):

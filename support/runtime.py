@@ -1,9 +1,13 @@
 """
 What train.py, sample.py and bench.py share, written once: config keys from the model dataclasses, checking them,
-the device's precision and autocast, its peak FLOP/s, and sums over DDP processes.
+the device's precision and autocast, its peak FLOP/s, sums over DDP processes, and an `error:` line said once under
+torchrun.
 """
+import json
 import os
-from contextlib import nullcontext
+import signal
+import time
+from contextlib import nullcontext, suppress
 from dataclasses import fields
 
 import torch
@@ -58,6 +62,39 @@ def init_ddp(device):
         torch.cuda.set_device(device)
     dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
     return True, rank, local_rank, world_size, device
+
+
+ERROR_WAIT_S = 30  # seconds: processes running the same code meet the same error well within it
+
+
+def exit_with_error(message):
+    """End the process with `message` as its `error:` line, exit code 1. Under torchrun every process runs the same
+    checks and meets the same error: local rank 0 says it, first, and writes it to torchrun's error file, so that
+    torchrun's summary names it as the root cause. The others say nothing and wait for torchrun to end them (it ends
+    all as soon as one exits: one exiting first could end rank 0 before it says why); one still running after
+    ERROR_WAIT_S met an error rank 0 did not, and says it then."""
+    error_file = os.environ.get('TORCHELASTIC_ERROR_FILE')  # set by torchrun for each process
+    if error_file and int(os.environ.get('LOCAL_RANK', 0)) != 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ended quietly, whatever handler the script set
+        time.sleep(ERROR_WAIT_S)
+    if error_file:  # the format torch.distributed.elastic's ErrorHandler writes and its summary reads
+        line = {'message': f"error: {message}", 'extraInfo': {'timestamp': str(int(time.time()))}}
+        with suppress(OSError):
+            with open(error_file, 'w') as f:
+                json.dump({'message': line}, f)
+    raise SystemExit(f"error: {message}")
+
+
+def wait_for_rank0(ddp, rank):
+    """The other processes wait here while rank 0 prepares the data. Where rank 0 stops instead (its `error:` line
+    says why) the connection closes under them: they end as exit_with_error does, quietly."""
+    if not ddp:
+        return
+    try:
+        dist.barrier()
+    except RuntimeError as e:  # gloo: 'Connection closed by peer'
+        exit_with_error(f"rank {rank}: waiting for rank 0 to prepare the data failed ({str(e).splitlines()[0]}); "
+                        f"the process that stopped first says why")
 
 
 def precision(device, dtype):

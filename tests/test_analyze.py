@@ -144,3 +144,17 @@ def test_analyse_reports_each_branch_of_a_mix_layer():
     cluster = analyse(mix_model('cluster', cluster_chunk=4), x)[0][0]  # token 0 in summaries: n/a, the rule's reason
     assert cluster['branches']['rule'].startswith('n/a: token 0 is folded')
     assert cluster['heads']['first_token_share'] == cluster['branches']['rule']
+
+
+def test_plots_without_matplotlib_is_one_error_line_before_any_work(tmp_path):
+    """--plots asks for PNGs: without matplotlib none can be made, so the run is refused (exit code 1) with one line
+    saying how to get it, before any checkpoint is opened or analysis.json written."""
+    from conftest import run_forked
+    blocked = ['', '', 0, "import sys; sys.modules['matplotlib'] = None"]  # before the script starts: not installed
+    (code, out), = run_forked({'argv': ['studies/analyze.py', f'--out_dir={tmp_path / "run"}',
+                                        f'--plots={tmp_path / "plots"}'], 'fault': blocked})
+    assert code == 1
+    assert out.strip().splitlines()[-1] == (f"error: plots={tmp_path / 'plots'} needs matplotlib, which is not "
+                                            f"installed: pip install matplotlib, or drop --plots for the tables and "
+                                            f"analysis.json alone")
+    assert not list(tmp_path.iterdir())

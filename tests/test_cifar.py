@@ -142,6 +142,39 @@ def test_prepare_offline_message(tmp_path, monkeypatch):
     assert all(s in str(err.value) for s in ('cifar100', '--source', 'test.parquet', "'img'", "'fine_label'"))
     assert not (tmp_path / 'out').exists()
 
+def test_an_unreachable_hub_fails_at_once_and_names_train_pys_key(tmp_path, monkeypatch, caplog):
+    """No network: one connection refused, then the datasets library runs offline (its cache, or an error at once)
+    instead of retrying each request for 25 s; the line names train.py's --data_source, and the libraries' offline
+    flags are as they were after it."""
+    import huggingface_hub.constants as hub
+    import socket
+    import urllib.request
+    def no_network(*args, **kwargs):
+        raise OSError('[Errno -2] Name or service not known')
+    monkeypatch.setattr(socket, 'create_connection', no_network)  # what the download would call too
+    monkeypatch.setattr(urllib.request, 'getproxies', lambda: {})
+    monkeypatch.setattr(hub, 'HF_HUB_OFFLINE', False)
+    monkeypatch.setattr(datasets.config, 'HF_HUB_OFFLINE', False)
+    with pytest.raises(RuntimeError) as err:
+        cifar.prepare(tmp_path / 'out', 'cifar10')
+    assert "huggingface.co cannot be reached: [Errno -2] Name or service not known" in str(err.value)
+    assert "Pass --data_source=DIR to train.py (--source=DIR to a prepare/ script)" in str(err.value)
+    assert 'Retrying' not in caplog.text
+    assert (hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE) == (False, False)
+    assert not (tmp_path / 'out').exists()
+
+def test_hf_hub_offline_is_not_probed(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=1 (read into the libraries' flags when they are imported): no connection is tried at all."""
+    import huggingface_hub.constants as hub
+    import socket
+    def probed(*args, **kwargs):
+        raise AssertionError('a connection was tried under HF_HUB_OFFLINE=1')
+    monkeypatch.setattr(socket, 'create_connection', probed)
+    monkeypatch.setattr(hub, 'HF_HUB_OFFLINE', True)
+    monkeypatch.setattr(datasets.config, 'HF_HUB_OFFLINE', True)
+    with pytest.raises(RuntimeError, match=r"\(Couldn't reach 'uoft-cs/cifar10' on the Hub.*Pass --data_source=DIR"):
+        cifar.prepare(tmp_path / 'out', 'cifar10')
+
 # ----------------------------------------------------------------------------- augment
 
 def test_normalize():

@@ -14,7 +14,7 @@ from PIL import Image
 from rules import ATTENTION
 from conftest import rule_cases, run_script, write_tiny_cifar
 from support.data import Batches, bits_per_dim
-from support.pixels import draw
+from support.pixels import draw, png_grid
 from model import GPT, GPTConfig
 from prepare import check_files, cifar
 
@@ -120,11 +120,26 @@ def test_sample_py_draws_and_completes_images(pixel_dir, tmp_path):
     run_script('train.py', *TINY, f'--data_dir={pixel_dir}', f'--out_dir={out}', '--max_iters=1', '--eval_interval=1')
     log = run_script('sample.py', f'--out_dir={out}', '--num_samples=3', '--batch_size=2', '--device=cpu', '--top_k=0')
     assert '3 images of 48 subpixels (drawn, batch 2, softmax)' in log and 'images/s' in log and 'MiB' in log
-    assert np.asarray(Image.open(out / 'samples.png')).shape == (2 + 1 * 6, 2 + 8 * 6, 3)  # one row of 4x4 + 2 pad
+    assert np.asarray(Image.open(out / 'samples.png')).shape == (4 + 1 * 20, 4 + 3 * 20, 3)  # 4x4 at 16x16 + 4 pad
     run_script('sample.py', f'--out_dir={out}', '--num_samples=2', '--batch_size=2', '--device=cpu', '--complete=True',
                '--temperature=0.0')
     grid = np.asarray(Image.open(out / 'completions.png'))  # original, completion, original, completion
     val = np.load(pixel_dir / 'val_x.npy')
+    assert grid.shape == (4 + 1 * 20, 4 + 4 * 20, 3)
     for i in range(2):
-        original, completion = (grid[2:6, 2 + 6 * j:6 + 6 * j] for j in (2 * i, 2 * i + 1))
-        assert np.array_equal(original, val[i]) and np.array_equal(completion[:2], val[i, :2])  # the top half kept
+        original, completion = (grid[4:20, 4 + 20 * j:20 + 20 * j] for j in (2 * i, 2 * i + 1))
+        big = val[i].repeat(4, axis=0).repeat(4, axis=1)  # each pixel a 4x4 block
+        assert np.array_equal(original, big) and np.array_equal(completion[:8], big[:8])  # the top half kept
+
+
+@pytest.mark.parametrize('n,columns,rows', [(1, 1, 1), (3, 3, 1), (8, 8, 1), (9, 8, 2), (16, 8, 2), (17, 8, 3)])
+def test_a_png_grid_is_sized_to_its_images(n, columns, rows, tmp_path):
+    """Each 32-pixel image drawn 4x (a pixel a 4x4 block), in at most 8 columns and as many rows as it fills: no blank
+    columns for a few images."""
+    images = np.random.default_rng(n).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+    png_grid(images, tmp_path / 'grid.png')
+    grid = np.asarray(Image.open(tmp_path / 'grid.png'))
+    assert grid.shape == (4 + rows * 132, 4 + columns * 132, 3)
+    r, c = divmod(n - 1, columns)  # the last image, where it belongs, nearest-neighbour
+    assert np.array_equal(grid[4 + 132 * r:132 + 132 * r, 4 + 132 * c:132 + 132 * c],
+                          images[-1].repeat(4, axis=0).repeat(4, axis=1))

@@ -66,6 +66,48 @@ def test_ddp_two_processes_equal_one(recall_dir, tmp_path):
     assert float(a[1][2]) < float(a[0][2]) - 0.1  # it trained
 
 
+@pytest.mark.parametrize('case', ['bad key', 'rank 0 stops preparing the data'])
+def test_torchrun_says_an_error_once_first(case, tmp_path):
+    """Under torchrun a bad key, which every process meets, and a folder of another dataset, which rank 0 meets while
+    the others wait for it, are each said once, by rank 0, before torchrun's own report, whose root cause names it;
+    the other process says nothing (no gloo traceback), and torchrun ends it."""
+    if case == 'bad key':
+        args, said = ['--bad_key=1'], "error: unknown key 'bad_key' in --bad_key; valid keys: "
+    else:
+        (tmp_path / 'data').mkdir()
+        (tmp_path / 'data' / 'meta.json').write_text('{"dataset": "recall", "kind": "examples"}')
+        args = ['--dataset=shakespeare_char', f'--data_dir={tmp_path / "data"}', '--gradient_accumulation_steps=2']
+        said = f"error: {tmp_path / 'data'} holds the dataset 'recall', not 'shakespeare_char': "
+    out = run_script('train.py', *args, f'--out_dir={tmp_path / "out"}', check=False,
+                     launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+    ours = [line for line in out.splitlines() if not re.match(r'[WEI]\d{4} \d\d:\d\d', line)]  # not torchrun's logs
+    ours = [line for line in ours if not line.startswith(('Overriding', 'tokens per iteration'))]
+    assert ours[0].startswith(said), out
+    assert [line for line in out.splitlines() if line.startswith('error:')] == [ours[0]]
+    assert ours[1] == 'Traceback (most recent call last):' and 'rank1' not in out  # torchrun's, not a process's
+    assert re.search(r"(?m)^Root Cause \(first observed failure\):\n\[0\]:\n(  .*\n)*  rank      : 0 .*\n(  .*\n)*"
+                     rf"  traceback : {re.escape(ours[0])}$", out), out
+
+
+def test_a_process_that_alone_meets_an_error_says_it_after_the_wait(tmp_path, monkeypatch):
+    """Under torchrun a process other than local rank 0 that is not ended within ERROR_WAIT_S met an error rank 0 did
+    not: it says it then, and writes it where torchrun's summary reads a process's root cause."""
+    import signal
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from support import runtime
+    monkeypatch.setenv('TORCHELASTIC_ERROR_FILE', str(tmp_path / 'error.json'))
+    monkeypatch.setenv('LOCAL_RANK', '1')
+    monkeypatch.setattr(runtime, 'ERROR_WAIT_S', 0)
+    handlers = []
+    monkeypatch.setattr(signal, 'signal', lambda *args: handlers.append(args))  # not this test process's SIGTERM
+    with pytest.raises(SystemExit) as stop:
+        runtime.exit_with_error("loss is nan at iteration 7")
+    assert stop.value.code == "error: loss is nan at iteration 7"
+    assert handlers == [(signal.SIGTERM, signal.SIG_DFL)]
+    failure = ProcessFailure(local_rank=1, pid=1, exitcode=1, error_file=str(tmp_path / 'error.json'))
+    assert "  traceback : error: loss is nan at iteration 7\n" in ChildFailedError('train.py', {1: failure}).format_msg()
+
+
 @pytest.mark.parametrize('args,message', [
     (['--nope=1'], "(?m)^error: unknown key 'nope'"),
     (['--n_layr=1'], "did you mean 'n_layer'"),
