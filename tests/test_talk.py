@@ -21,7 +21,7 @@ def test_a_gpu_sized_config_on_a_cpu_says_so_with_its_cpu_recipe_which_runs(tmp_
     any work, naming the sizes that differ; a config built on another (cluster_vit.py on softmax_vit.py) names
     itself; every recipe passes train.py's checks, and a run of it says nothing more."""
     configs = sorted((ROOT / 'config').glob('*.py'))
-    plain = run_forked(*({'argv': ['train.py', str(path), f'--out_dir={tmp_path / path.stem}'],
+    plain = run_forked(*({'argv': ['train.py', str(path), '--device=cpu', f'--out_dir={tmp_path / path.stem}'],
                           'fault': ['', '', 0, STOP]} for path in configs))
     recipes = {}
     for path, (rc, out) in zip(configs, plain):
@@ -94,7 +94,7 @@ def test_a_path_setting_starting_with_a_tilde_is_in_the_home_folder(tmp_path, mo
 def test_bench_prints_each_row_as_it_is_measured(tmp_path):
     """On a CPU each row's time is printed as it is measured, then each peak after every time (measuring it slows
     allocation); --json prints whole rows. --mode=pace on a CPU with its GPU-sized defaults says so first."""
-    small = ['--seq_lens=32,48', '--n_embd=32', '--n_head=2', '--repeats=1']
+    small = ['--seq_lens=32,48', '--n_embd=32', '--n_head=2', '--repeats=1', '--device=cpu', '--dtype=float32']
     text = run_script('bench.py', *small, '--attention=topk').splitlines()
     header = text.index("peak memory, a run of each case after all the times (on a CPU, measuring it slows "
                         "allocation):")
@@ -105,7 +105,8 @@ def test_bench_prints_each_row_as_it_is_measured(tmp_path):
     assert all(' MiB' not in line for line in text[:header])
     rows = [json.loads(line) for line in run_script('bench.py', *small, '--json').splitlines() if line[:1] == '{']
     assert [(r['T'], r['ms'] > 0, r['peak_mib'] >= 0) for r in rows] == [(32, True, True)] * 2 + [(48, True, True)] * 2
-    (rc, out), = run_forked({'argv': ['bench.py', '--mode=pace'], 'fault': ['', 'bench_pace', 1, 'os._exit(7)']})
+    (rc, out), = run_forked({'argv': ['bench.py', '--mode=pace', '--device=cpu'],
+                             'fault': ['', 'bench_pace', 1, 'os._exit(7)']})
     assert rc == 7 and out.splitlines()[-1] == (
         "note: --mode=pace is sized for a GPU (n_layer=12, not 2; n_head=8, not 4; n_embd=512, not 128) "
         "and runs on the CPU here, which takes far longer; its CPU recipe: python bench.py --mode=pace "
