@@ -14,11 +14,13 @@ flex_attention path (forward only on CPU, where flex has no backward); --dense=T
 rule's dense O(T²) form (`attend_dense`) where it has one. --mode=model times a whole GPT train step
 (tokens/s) instead. Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's
 resident set (Linux only), which glibc's reuse of freed heap blocks can swell far past the live
-tensors (the query-tiled rules: many tiles' blocks); --live_memory=True measures those alone.
+tensors (the query-tiled rules: many tiles' blocks); --live_memory=True measures those alone. Each
+row is printed as it is measured; on CPU its time first, and the peaks after every time (measure).
 
 --mode=pace: the rule's attention alone (forward+backward) and its whole GPT train step (tokens/s),
 each beside causal flash softmax (SDPA) in the same run, with peak memory; --profile=True adds each
-case's top operations (torch.profiler, one step after the timing). The flex paths on a GPU, e.g.:
+case's top operations (torch.profiler, one step after the timing). Its defaults are a GPU's: on a
+CPU it says so first, with a CPU-sized command (PACE_CPU_RECIPE). The flex paths on a GPU, e.g.:
 $ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_layer=12 \
       --n_head=12 --n_embd=768 --bias=False --batch_size=12 --seq_lens=1024,4096,8192 --profile=True
 --kernel=True adds the rule off flex, its fused path: the Triton kernel on CUDA (machinery/*_kernel.py; Krause's
@@ -52,7 +54,7 @@ from prepare import ROOT
 from support.checks import (check_device, check_dtype, check_fits, check_int_list, check_or_exit,
                             check_ranges, model_memory, script_settings)
 from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults, dataclass_values,
-                             peak_flops, precision)
+                             note_cpu_recipe, peak_flops, precision)
 
 # -----------------------------------------------------------------------------
 mode = 'attention'          # 'attention' (the rule alone), 'model' (a GPT train step), 'pace'
@@ -87,6 +89,7 @@ sys.argv = ['--json_out=True' if a == '--json' else a.replace('--json=', '--json
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 MODES = ('attention', 'model', 'pace', 'generate', 'pixels')
+PACE_CPU_RECIPE = '--mode=pace --seq_lens=256,1024 --n_layer=2 --n_head=4 --n_embd=128'  # its defaults are a GPU's
 TDA_BACKWARDS = ('one_pass', 'two_pass', 'both')
 
 
@@ -140,6 +143,8 @@ def bench_memory(c, cfg):
 
 
 check_or_exit(check_bench_settings, script_settings(globals()))
+note_cpu_recipe('--mode=pace', 'bench.py', PACE_CPU_RECIPE, script_settings(globals()), show=mode == 'pace')
+sys.stdout.reconfigure(line_buffering=True)  # each row appears as it is measured, through a pipe too
 torch.manual_seed(seed)
 ptdtype = DTYPES[dtype]
 is_cuda = device.startswith('cuda')
@@ -202,23 +207,38 @@ def milliseconds(fn, warmup=1):
     return sorted(times)[len(times) // 2]
 
 
-def measure(cases, warmup=1):
-    """cases: [(row, fn)]. Times every case with the allocator as training runs it, then the peak
-    memory of one run each. On CPU the peaks are taken last, with large blocks going straight back
-    to the OS when freed (so each case starts from a clean level): that setting slows allocation and
-    must not touch the times."""
+def measure(cases, warmup=1, show=None):
+    """cases: [(row, fn)]. Times every case with the allocator as training runs it, and the peak
+    memory of one run each; show(row, part), where given, prints each row as it is measured. On a
+    GPU a case's peak follows its time (part 'whole'). On CPU the peaks are taken last, with large
+    blocks going straight back to the OS when freed (so each case starts from a clean level): that
+    setting slows allocation and must not touch the times; so each row is shown twice, its time as
+    it is measured (part 'time'), then its peak (part 'memory')."""
     for row, fn in cases:
         row['ms'] = milliseconds(fn, warmup)
-    libc = None if is_cuda else ctypes.CDLL('libc.so.6')
-    if libc:
-        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
+        if is_cuda:
+            row['peak_mib'] = peak_mib(fn)
+        if show:
+            show(row, 'whole' if is_cuda else 'time')
+    if is_cuda:
+        return [row for row, _ in cases]
+    libc = ctypes.CDLL('libc.so.6')
+    libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
+    if show and not json_out:
+        print("peak memory, a run of each case after all the times (on a CPU, measuring it slows allocation):")
     for row, fn in cases:
-        if libc:
-            libc.malloc_trim(0)  # the heap's free pages back to the OS: they would hide this peak
-        with PeakMemory() as mem:
-            fn()
-        row['peak_mib'] = mem.mib
+        libc.malloc_trim(0)  # the heap's free pages back to the OS: they would hide this peak
+        row['peak_mib'] = peak_mib(fn)
+        if show:
+            show(row, 'memory')
     return [row for row, _ in cases]
+
+
+def peak_mib(fn):
+    """The peak memory of one run of fn above the level at its start (PeakMemory), in MiB."""
+    with PeakMemory() as mem:
+        fn()
+    return mem.mib
 
 
 def attention_case(module, attend, T):
@@ -242,15 +262,22 @@ def attention_case(module, attend, T):
     return step
 
 
-def report(row):
+def report(row, part='whole'):
+    """Print a row (measure's parts): whole; or on a CPU its time as it is measured, then its peak
+    memory after every time (JSON: the whole row, then)."""
     if json_out:
-        print(json.dumps(row))
-    else:
-        extra = f"  x{row['vs_softmax']:.3f} softmax" if row.get('vs_softmax') is not None else ''
-        extra += f"  {row['tokens_per_s']:,.0f} tok/s" if 'tokens_per_s' in row else ''
-        extra += f"  mfu {row['mfu'] * 100:.1f}%" if row.get('mfu') else ''
-        print(f"{row['attention']:>10s} {row['path']:>6s} T={row['T']:<6d} {row['ms']:9.2f} ms "
-              f"{row['peak_mib']:9.1f} MiB{extra}")
+        if part != 'time':
+            print(json.dumps(row))
+        return
+    name = f"{row['attention']:>10s} {row['path']:>6s} T={row['T']:<6d}"
+    if part == 'memory':
+        print(f"{name} {'':12s} {row['peak_mib']:9.1f} MiB")  # in the MiB column of a whole row
+        return
+    extra = f"  x{row['vs_softmax']:.3f} softmax" if row.get('vs_softmax') is not None else ''
+    extra += f"  {row['tokens_per_s']:,.0f} tok/s" if 'tokens_per_s' in row else ''
+    extra += f"  mfu {row['mfu'] * 100:.1f}%" if row.get('mfu') else ''
+    memory = f" {row['peak_mib']:9.1f} MiB" if part == 'whole' else ''
+    print(f"{name} {row['ms']:9.2f} ms{memory}{extra}")
 
 
 def bench_attention():
@@ -273,10 +300,12 @@ def bench_attention():
                 row = dict(attention=name, path=path, T=T, device=device,
                            backward=backward and (path != 'flex' or is_cuda))
                 cases.append((row, attention_case(module, attend, T)))
-    rows = measure(cases)
-    base_ms = {row['T']: row['ms'] for row in rows if row['path'] == 'sdpa'}
-    for row in rows:
-        report({**row, 'vs_softmax': row['ms'] / base_ms[row['T']]})
+    base_ms = {}  # softmax's ms at each length: its case comes first
+
+    def show(row, part):
+        base_ms.setdefault(row['T'], row['ms'])
+        report({**row, 'vs_softmax': row['ms'] / base_ms[row['T']]}, part)
+    measure(cases, show=show)
 
 
 def model_case(T, **overrides):
@@ -299,16 +328,18 @@ def model_case(T, **overrides):
 
 
 def bench_model():
-    cases, models = [], []
+    cases, models = [], {}
     for T in [int(s) for s in str(seq_lens).split(',')]:
         model, step = model_case(T)
         cases.append((dict(attention=attention, path='model', T=T, device=device), step))
-        models.append(model)
+        models[T] = model
     peak = peak_flops(device)
-    for row, model in zip(measure(cases, warmup=2), models):
-        mfu = model.estimate_mfu(batch_size, row['ms'] / 1000, peak) if peak else None
+
+    def show(row, part):
+        mfu = models[row['T']].estimate_mfu(batch_size, row['ms'] / 1000, peak) if peak else None
         tokens_per_s = batch_size * row['T'] / row['ms'] * 1000
-        report({**row, 'vs_softmax': None, 'tokens_per_s': tokens_per_s, 'mfu': mfu})
+        report({**row, 'vs_softmax': None, 'tokens_per_s': tokens_per_s, 'mfu': mfu}, part)
+    measure(cases, warmup=2, show=show)
 
 
 def bench_pace():

@@ -7,15 +7,19 @@ The config file is plain Python that assigns existing globals; each --key=value 
 A config builds on another with exec(open(os.path.join(os.path.dirname(__file__), 'other.py')).read()).
 Unlike nanoGPT, an unknown key, a value of the wrong type or a config file that does not run (a syntax error) stops
 the run with one `error:` line; so does a number that is not one: an infinite or NaN float (unless the key's default
-is one), a whole number past 64 bits, or a seed torch and numpy cannot take (0 .. 2**63 - 1).
+is one), a whole number past 64 bits, or a seed torch and numpy cannot take (0 .. 2**63 - 1). A path setting (a key
+ending in _dir, _root, _source or _path, and init_from, png, plots) that starts with ~ is in the home folder, as a shell
+would give it: the shell expands ~ only at the start of a word, so --out_dir=~/x arrives as typed.
 """
 import builtins as _builtins
 import difflib as _difflib
 import math as _math
+import os as _os
 from ast import literal_eval as _literal_eval
 
 _config_types = (int, float, bool, str, type(None))
 _INT64 = 2 ** 63  # a whole number torch and numpy hold: sizes, counts, seeds
+_PATH_KEYS = ('_dir', '_root', '_source', '_path', 'init_from', 'png', 'plots')  # the settings naming files, by name
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
 overridden = set()  # the keys a config file changed or --key=value gave (a fine-tune takes its base's for the rest)
 
@@ -51,6 +55,8 @@ def _checked(key, value, where):
             _config_error(f"{key} must be a finite number, got {value} in {where}; pass e.g. --{key}={default!r}")
     if default is not None and type(value) is not type(default):
         _config_error(f"{key} expects {type(default).__name__} (like {default!r}), got {value!r} in {where}")
+    if type(value) is str and key.endswith(_PATH_KEYS):  # each of several comma-separated paths (analyze.py's)
+        value = ','.join(_os.path.expanduser(part) for part in value.split(','))
     return _number(key, value, default, where)
 
 
@@ -131,6 +137,6 @@ for _arg in __import__('sys').argv[1:]:
                 _val = _literal_eval(_val)  # numbers, booleans, None, quoted strings
             except (SyntaxError, ValueError):
                 pass                        # anything else is a plain string
-        globals()[_key] = _keys[_key] = _checked(_key, _val, f"--{_key}")
+        _val = globals()[_key] = _keys[_key] = _checked(_key, _val, f"--{_key}")
         overridden.add(_key)
         print(f"Overriding: {_key} = {_val}")

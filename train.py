@@ -31,8 +31,8 @@ from support.pretrained import (OWN_STARTS, check_tokens, fine_tune_args, load_b
                                 load_base_weights)
 from prepare import (ROOT, check_dataset_dir, check_files, dataset_kind, default_data_dir,
                      prepare_dataset, val_tokens_needed)
-from support.runtime import (all_sum, init_ddp, dataclass_defaults, dataclass_values, exit_with_error,
-                             peak_flops, precision, wait_for_rank0)
+from support.runtime import (all_sum, batch_progress, init_ddp, dataclass_defaults, dataclass_values,
+                             exit_with_error, note_cpu_recipe, peak_flops, precision, wait_for_rank0)
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -52,6 +52,7 @@ always_save_checkpoint = True  # else only when val loss improves
 init_from = 'scratch'       # 'scratch', 'resume', 'auto' (resume if out_dir has ckpt.pt), or a
                             # base to fine-tune (support/pretrained.py): 'gpt2' (-medium, -large,
                             # -xl), a Hub-layout folder, a ckpt.pt
+cpu_recipe = ''             # a GPU-sized config's CPU command line (train.py's arguments), said when it runs on a CPU
 # data
 dataset = 'recall'          # a name in prepare.DATASETS
 data_dir = ''               # default: data/<dataset>
@@ -127,6 +128,7 @@ run = RunDir(out_dir, master=int(os.environ.get('RANK', 0)) == 0)
 set_keys = overridden & set(config_keys)  # what config files and --key=value set (configurator.py)
 with one_line_errors():
     check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)), set_keys=set_keys)
+note_cpu_recipe('this config', 'train.py', cpu_recipe, config, show=run.master)  # GPU-sized, on a CPU: one line
 kind = dataset_kind(dataset)  # 'text', 'examples', 'image' (a ViT) or 'pixels' (prepare.DATASETS)
 
 # a base to fine-tune (support/pretrained.py), read and checked against the settings first
@@ -146,7 +148,7 @@ tokens_per_iter = samples_per_iter * block_size
 if master_process:
     print(f"images per iteration will be: {samples_per_iter:,}" if kind == 'image' else
           f"tokens per iteration will be: {tokens_per_iter:,}")
-    run.open(lock=not eval_only)  # eval_only only reads a checkpoint (written atomically): no lock
+    run.open(lock=not eval_only, replacing=init_from not in ('resume', 'auto'))  # eval_only only reads: no lock
 torch.manual_seed(seed + ddp_rank)  # dropout differs between processes
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 device_type, ptdtype, ctx = precision(device, dtype)  # autocast on CUDA; CPU runs in float32
@@ -196,9 +198,7 @@ if init_from == 'resume':
             model_args = fine_tune_args(resumed, model_args, set_keys)
         check_resumable(checkpoint, ckpt_path, model_args, dataset, max_iters,  # not past the end
                         dataclass_defaults(ModelConfig, {}))
-    iter_num, best_val_loss = run.resume_from(checkpoint)  # what this run's ckpt.pt holds
-    if master_process:
-        print(f"resuming from {ckpt_path} at iteration {iter_num}")
+    iter_num, best_val_loss = run.resume_from(checkpoint)  # what this run's ckpt.pt holds, said
 elif base:
     model_args = base_args
 with one_line_errors():
@@ -243,7 +243,7 @@ def estimate_loss():
         generator = torch.Generator().manual_seed(seed + 1)
         rows = torch.randint(batches.sizes[split], (eval_iters, batch_size), generator=generator)
         loss_sum, correct, counted = 0.0, 0, 0
-        for ix in rows[ddp_rank::ddp_world_size]:
+        for ix in batch_progress(rows[ddp_rank::ddp_world_size], f"eval {split}", master_process):
             X, Y = batches.load_batch(split, ix)
             with ctx:
                 logits, loss = eval_model(X, Y)
@@ -264,7 +264,7 @@ def evaluate_full():
     starts = batches.full_split_starts('val')[:eval_examples or None]
     loss_sum, correct, counted = 0.0, 0, 0
     mine = list(starts.split(batch_size))[ddp_rank::ddp_world_size]  # this process's batches
-    for ix in tqdm(mine, desc='eval_full', unit='batch', disable=not master_process, mininterval=2):
+    for ix in batch_progress(mine, 'eval_full', master_process):
         X, Y = batches.load_batch('val', ix)
         with ctx:
             logits, _ = eval_model(X, Y)

@@ -8,10 +8,8 @@
 # patch embedding); here the CIFAR-10 ViT-S recipe of config/softmax_vit.py (the official KViT-S recipe).
 # 1 GPU:  python train.py config/attentionx_vit.py
 # Without the temperature (1/√D; the diagonal still masked): add --attnx_learned_temperature=False
-# CPU smoke run (docs/RESULTS.md#vit-on-cifar-10-cpu):
-#   python train.py config/attentionx_vit.py --device=cpu --compile=False
-#   --n_layer=4 --n_head=4 --n_embd=128 --batch_size=64 --max_iters=400 --lr_decay_iters=400 --warmup_iters=20
-#   --eval_interval=400 --eval_iters=10
+# CPU smoke run (docs/RESULTS.md#vit-on-cifar-10-cpu): config/softmax_vit.py's cpu_recipe, naming this config
+# (train.py prints it on a CPU).
 # The masked diagonal is a boolean SDPA mask (no flash kernel); flex=True runs it through flex_attention on CUDA.
 
 import os

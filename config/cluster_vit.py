@@ -3,7 +3,7 @@
 # (1 CLS + 8x8 patches), the seeds refined once by soft k-means on each image's keys, plus its own key exactly
 # (the self term).
 # 1 GPU:  python train.py config/cluster_vit.py
-# CPU smoke run: the override line in config/softmax_vit.py works here too.
+# CPU smoke run: config/softmax_vit.py's cpu_recipe, naming this config (train.py prints it on a CPU).
 
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'softmax_vit.py')).read())  # the shared ViT-S / CIFAR-10 recipe

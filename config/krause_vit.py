@@ -6,7 +6,7 @@
 # Differences from the official code: pre-norm blocks (the official KViT is post-norm; its softmax baseline is
 # pre-norm, and here both share one Block), and σ learned per head rather than per layer.
 # 1 GPU:  python train.py config/krause_vit.py
-# CPU smoke run: the override line in config/softmax_vit.py works here too.
+# CPU smoke run: config/softmax_vit.py's cpu_recipe, naming this config (train.py prints it on a CPU).
 
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'softmax_vit.py')).read())  # the shared ViT-S / CIFAR-10 recipe

@@ -10,7 +10,7 @@
 # epochs, RandAugment. Here: ViT-S, 12 layers x 6 heads of 64, 384 wide, the KViT-S recipe below. The authors' code
 # learns t per head (t itself, not its log): --lsa_per_head=True gives one log t per head.
 # 1 GPU:  python train.py config/lsa_vit.py
-# CPU smoke run: the override line in config/softmax_vit.py works here too.
+# CPU smoke run: config/softmax_vit.py's cpu_recipe, naming this config (train.py prints it on a CPU).
 
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'softmax_vit.py')).read())  # the shared ViT-S / CIFAR-10 recipe

@@ -1,10 +1,12 @@
 # nanoGPT's baby GPT on character-level tiny Shakespeare (config/train_shakespeare_char.py there).
 # 1 GPU:  python train.py config/shakespeare_char.py       (a GPU reaches val loss ~1.47 in a few minutes)
-# On a CPU, nanoGPT's own recipe (docs/RESULTS.md#baby-gpt-against-nanogpt):
-# python train.py config/shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1
-#   --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
+# On a CPU, nanoGPT's own recipe (docs/RESULTS.md#baby-gpt-against-nanogpt): cpu_recipe below, which train.py
+# prints when this config runs on a CPU without it
 
 out_dir = 'out-shakespeare-char'
+cpu_recipe = ('config/shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1 '
+              '--block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 '
+              '--lr_decay_iters=2000 --dropout=0.0')
 eval_interval = 250  # keep frequent because we'll overfit
 eval_iters = 200
 log_interval = 10    # don't print too too often

@@ -2,12 +2,14 @@
 # the other rules on FineWeb-Edu. One epoch of 10B tokens: 19,073 steps of 524,288 tokens, HellaSwag at every
 # evaluation.
 # 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/softmax_fineweb.py
-# CPU smoke test on a local sample:
-#   python train.py config/softmax_fineweb.py --data_source=PATH.parquet --data_dir=data/fw_sample --device=cpu
-#     --compile=False --n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8
-#     --gradient_accumulation_steps=1 --max_iters=50 --eval_interval=25 --eval_iters=5 --hellaswag=False
+# CPU smoke test on a local sample (PATH.parquet): cpu_recipe below, which train.py prints when this config (or one
+# built on it) runs on a CPU
 
 out_dir = 'out-softmax-fineweb'
+# __file__: the config run, so that each config built on this one (tda_gpt.py, ...) names itself
+cpu_recipe = (f'{__file__} --data_source=PATH.parquet --data_dir=data/fw_sample --device=cpu --compile=False '
+              '--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8 --gradient_accumulation_steps=1 '
+              '--max_iters=50 --eval_interval=25 --eval_iters=5 --hellaswag=False')
 dataset = 'fineweb_edu'
 
 # 64 batch size * 1024 block size * 8 gradaccum = 524,288 tokens per iteration (2**19)

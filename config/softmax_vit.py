@@ -4,11 +4,13 @@
 # 1 GPU:  python train.py config/softmax_vit.py
 # 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/softmax_vit.py
 #   --batch_size=32 --gradient_accumulation_steps=8  (32 per GPU x 8 = 256 per iteration)
-# CPU smoke run (a 4-layer, 128-wide ViT for 400 iterations, a few minutes on 2 cores):
-# python train.py config/softmax_vit.py --device=cpu --compile=False --n_layer=4 --n_head=4 --n_embd=128
-#   --batch_size=64 --max_iters=400 --lr_decay_iters=400 --warmup_iters=20 --eval_interval=400 --eval_iters=10
+# CPU smoke run (a 4-layer, 128-wide ViT for 400 iterations, a few minutes on 2 cores): cpu_recipe below, which
+# train.py prints when this config (or one built on it) runs on a CPU
 
 out_dir = 'out-softmax-vit'
+# __file__: the config run, so that each config built on this one (cluster_vit.py, ...) names itself
+cpu_recipe = (f'{__file__} --device=cpu --compile=False --n_layer=4 --n_head=4 --n_embd=128 --batch_size=64 '
+              '--max_iters=400 --lr_decay_iters=400 --warmup_iters=20 --eval_interval=400 --eval_iters=10')
 dataset = 'cifar10'  # prepared on first use (from the Hub, or --data_source=DIR with train/test.parquet)
 
 # 256 images per iteration: 50,000 / 256 = 195.3125 iterations per epoch

@@ -7,6 +7,7 @@ subpixels, one token each (data.py). Each module's prepare(data_dir,
 source=None, ...) is idempotent: it returns at once when data_dir already holds what was asked.
 """
 import errno
+import fcntl
 import importlib
 import json
 import os
@@ -169,8 +170,33 @@ def prepare_dataset(name, data_dir, source, config, **extra):
     check_dataset_name(name)
     check_source(data_dir, source, 'data_source')
     module, _, args = DATASETS[name]
-    importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None,
-                                                         **(args(config) if args else {}), **extra)
+    with alone(data_dir):
+        importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None,
+                                                             **(args(config) if args else {}), **extra)
+
+
+@contextmanager
+def alone(data_dir):
+    """No other process preparing data_dir meanwhile (the lab's cells side by side, each run preparing its system's
+    folder): where it holds no meta.json yet, the lock file data_dir/.preparing is taken, so a second process waits
+    and then finds the folder prepared. The lock file is removed before the lock is released: a process that comes
+    later sees meta.json and takes no lock (a prepared folder, read-only perhaps, is never written to). A folder
+    made for it and left empty (a source refused) is removed."""
+    if read_meta(data_dir) is not None:
+        yield
+        return
+    made = not os.path.exists(data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, '.preparing')
+    with open(path, 'a') as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when f closes
+        try:
+            yield
+        finally:
+            if os.path.exists(path):  # one that waited finds it removed by the one that prepared
+                os.remove(path)
+            if made and not os.listdir(data_dir):
+                os.rmdir(data_dir)
 
 
 # -----------------------------------------------------------------------------

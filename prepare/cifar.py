@@ -110,8 +110,10 @@ def prepare(data_dir=None, dataset='cifar10', source=None, label='fine'):
 if __name__ == '__main__':
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--dataset', default='cifar10', choices=sorted(DATASETS))
-    parser.add_argument('--source', default=None, help='local folder with train.parquet and test.parquet')
-    parser.add_argument('--data_dir', default=None, help='output folder (default: data/<dataset> in the repo)')
+    parser.add_argument('--source', type=os.path.expanduser, default=None,
+                        help='local folder with train.parquet and test.parquet')
+    parser.add_argument('--data_dir', type=os.path.expanduser, default=None,
+                        help='output folder (default: data/<dataset> in the repo)')
     parser.add_argument('--label', default='fine', choices=['fine', 'coarse'], help='CIFAR-100 label set')
     args = parser.parse_args()
     with script_errors():  # bad --source, no network, Ctrl-C: one line, not a traceback

@@ -178,7 +178,7 @@ if __name__ == '__main__':
         parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
                             default=default)
     parser.add_argument('--needles', default='1')
-    parser.add_argument('--data_dir', default=DEFAULT_DIR)
+    parser.add_argument('--data_dir', type=os.path.expanduser, default=DEFAULT_DIR)
     args = vars(parser.parse_args())
     with script_errors():  # a bad setting, too many examples, a foreign data_dir, a full disk, Ctrl-C: one line
         check_examples_fit(args)

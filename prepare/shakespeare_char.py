@@ -74,8 +74,9 @@ def write_splits(data_dir, splits, meta):
 def main(prepare, default_dir, doc):
     """The command line of a tiny-shakespeare preparation: --source, --data_dir; a bad source is one error line."""
     parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
-    parser.add_argument('--source', default=None, help="local input.txt instead of the download")
-    parser.add_argument('--data_dir', default=default_dir)
+    parser.add_argument('--source', type=os.path.expanduser, default=None,
+                        help="local input.txt instead of the download")
+    parser.add_argument('--data_dir', type=os.path.expanduser, default=default_dir)
     args = parser.parse_args()
     with script_errors():  # bad --source, no network, Ctrl-C: one line, not a traceback
         prepare(args.data_dir, args.source)

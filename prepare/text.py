@@ -230,8 +230,10 @@ def kept_tokens(data_dir):
 def arg_parser(description, data_dir):
     """The flags every web-text script takes."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--source", default=None, help=f"a local copy instead of the hub: {SOURCE_HELP}")
-    parser.add_argument("--data_dir", default=str(data_dir), help="where train.bin, val.bin and meta.json go")
+    parser.add_argument("--source", type=os.path.expanduser, default=None,
+                        help=f"a local copy instead of the hub: {SOURCE_HELP}")
+    parser.add_argument("--data_dir", type=os.path.expanduser, default=str(data_dir),
+                        help="where train.bin, val.bin and meta.json go")
     parser.add_argument("--max_tokens", type=whole_number("max_tokens", "1e9", at_least=1), default=None,
                         help="stop after about this many tokens (e.g. 1e9); rerun with more to continue")
     parser.add_argument("--num_proc", type=whole_number("num_proc", 1, 1, os.cpu_count() or 1), default=None,

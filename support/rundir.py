@@ -2,7 +2,8 @@
 A training run's hold on out_dir (RunDir): the lock (run.lock) that keeps a second run out, read through /proc
 (alive) to tell a live holder from a dead one; the atomic writes whose failure (disk full) is one line saying what
 is kept; Ctrl-C as one such line; the metrics log, which keeps an earlier run's log.jsonl until this run's first
-checkpoint; the line a run that wrote no checkpoint ends in; and the cleanup at exit.
+checkpoint; the line a run starts with where it resumes, or replaces another run; the line a run that wrote no
+checkpoint ends in; and the cleanup at exit.
 """
 import atexit
 import json
@@ -14,6 +15,7 @@ import time
 
 from prepare.atomic import failure_line, write_atomically, write_text
 from support.atomic import save_checkpoint
+from support.loading import load_checkpoint
 from support.metrics import MetricsLog
 from support.resume import kept_checkpoint_line
 
@@ -43,8 +45,10 @@ class RunDir:
         return kept_checkpoint_line(self.saved_iter, self.ckpt_path, self.log is not None and self.log.earlier)
 
     def resume_from(self, checkpoint):
-        """Note the checkpoint this run goes on from; its (iteration, best val loss)."""
+        """Note (and say) the checkpoint this run goes on from; its (iteration, best val loss)."""
         self.saved_iter, self.log_digest = checkpoint['iter_num'], checkpoint.get('log_digest')
+        if self.master:
+            print(f"resuming from {self.ckpt_path} at iteration {self.saved_iter}")
         return checkpoint['iter_num'], checkpoint['best_val_loss']
 
     def metrics_log(self, wandb_log=False):
@@ -65,9 +69,10 @@ class RunDir:
         self.interrupted = True
         raise SystemExit(130)  # unwinds as KeyboardInterrupt would (temporary files removed); close() says the rest
 
-    def open(self, lock=True):
+    def open(self, lock=True, replacing=False):
         """Make out_dir (noting the folders made) and, with lock, take its lock; SystemExit with one line where the
-        folder cannot be made or another run holds it."""
+        folder cannot be made or another run holds it. replacing: this run starts anew (does not resume), so where
+        out_dir holds another run's ckpt.pt, say which run its first checkpoint replaces and how to keep it."""
         folder = os.path.abspath(self.out_dir)
         while not os.path.exists(folder):
             self.made.append(folder)  # the deepest first
@@ -80,6 +85,22 @@ class RunDir:
         if lock:
             self.take_lock()
         self.writes = lock
+        if lock and replacing and os.path.exists(self.ckpt_path):
+            print(self.replacing_line())
+
+    def replacing_line(self):
+        """What a new run in out_dir replaces at its first checkpoint: the run in its ckpt.pt (rule, dataset,
+        iteration), and how to keep that run."""
+        try:  # mmap: nothing of the weights is read
+            earlier = load_checkpoint(self.ckpt_path, 'cpu', resume=True, mmap=True)
+            config = earlier['config']
+            what = (f"a {earlier['model_args'].get('attention', 'softmax')} run on {config.get('dataset', '?')} at "
+                    f"iteration {earlier['iter_num']:,} of {config.get('max_iters', earlier['iter_num']):,}")
+        except (SystemExit, AttributeError, TypeError, ValueError):  # damaged, not ours: replaced all the same
+            what = "a ckpt.pt that is not a run train.py can go on from"
+        return (f"note: out_dir={self.out_dir} holds {what}; this run replaces its ckpt.pt and log.jsonl at its first "
+                f"checkpoint: to keep it, stop now and pass --out_dir=ANOTHER_DIR (or --init_from=resume to go on "
+                f"with it)")
 
     def take_lock(self):
         for _ in range(5):  # a stale lock removed, then created again: another run may do the same at once

@@ -1,18 +1,21 @@
 """
 What train.py, sample.py and bench.py share, written once: config keys from the model dataclasses, checking them,
-the device's precision and autocast, its peak FLOP/s, sums over DDP processes, and an `error:` line said once under
-torchrun.
+the device's precision and autocast, its peak FLOP/s, sums over DDP processes, an `error:` line said once under
+torchrun, and what a long run says while it works (a GPU-sized run on a CPU, an evaluation's progress).
 """
 import json
 import os
+import shlex
 import signal
 import time
+from ast import literal_eval
 from contextlib import nullcontext, suppress
 from dataclasses import fields
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from tqdm import tqdm
 
 from rules import build_attention
 
@@ -125,3 +128,48 @@ def all_sum(values, device):
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+# -----------------------------------------------------------------------------
+# a long run talks: what it is in for, and how far it is
+
+QUIET_S = 5.0  # a pass over batches that ends sooner shows no bar
+SIZE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'gradient_accumulation_steps',
+             'eval_iters')  # what a run's time grows with: named first where a run is sized for a GPU
+
+
+def batch_progress(batches, desc, show=True):
+    """`batches` (an iterable of known length) as a bar on stderr once QUIET_S seconds have passed, where `show` (the
+    master process): an evaluation of a GPU-sized config on a CPU (200 batches a split) says how far it is, minutes
+    before its result line; a quick one prints nothing. A bar shown ends in its last state and a newline, so that a
+    log's next line starts clean."""
+    return tqdm(batches, desc=desc, unit='batch', disable=not show, delay=QUIET_S, mininterval=2)
+
+
+def note_cpu_recipe(what, script, recipe, settings, show=True):
+    """Where `show` (the master process), say in one line that `what` is sized for a GPU and runs on a CPU, with its
+    CPU recipe (`python script recipe`: arguments whose --key=value numbers are a CPU's sizes), and return the line;
+    None on another device, without a recipe, or where the run already has every number the recipe sets (its names
+    and paths, a rule or a data file, are the run's own)."""
+    if not (show and recipe) or torch.device(settings['device']).type != 'cpu':
+        return None
+    differ = []
+    for arg in shlex.split(recipe):
+        key, _, text = arg[2:].partition('=')
+        if arg.startswith('--') and type(settings.get(key)) in (int, float) and settings[key] != number(text):
+            differ.append((key not in SIZE_KEYS, f"{key}={settings[key]}, not {text}"))
+    if not differ:
+        return None
+    differ = [text for _, text in sorted(differ, key=lambda d: d[0])]  # the sizes first
+    line = (f"note: {what} is sized for a GPU ({'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}) and "
+            f"runs on the CPU here, which takes far longer; its CPU recipe: python {script} {recipe}")
+    print(line)
+    return line
+
+
+def number(text):
+    """The number a --key=value text is (as configurator.py reads it), else None."""
+    try:
+        return literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None

@@ -120,6 +120,18 @@ def run_forked(*runs, timeout=300, root=ROOT):
     return [(r['rc'], r['out']) for r in results]
 
 
+def checkout_files():
+    """{path: (size, mtime)} of every file in the checkout but git's and Python's caches: the same before and after a
+    test that writes nothing there (only under its temporary folders)."""
+    found = {}
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in ('.git', '__pycache__', '.pytest_cache')]
+        for name in files:
+            stat = os.stat(os.path.join(folder, name))
+            found[os.path.join(folder, name)] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
 def write_tiny_cifar(folder):
     """A prepared 'cifar10' folder (prepare/cifar.py's files) of random 4x4 RGB images, 6 train and 5 val."""
     import numpy as np

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, SHARED, needs_shared, readme_rule_source, run_forked, run_script
+from conftest import ROOT, SHARED, checkout_files, needs_shared, readme_rule_source, run_forked, run_script
 from model import GPT, GPTConfig
 
 TINY = ['--budget=tiny', '--systems=recall,passkey', '--rows=softmax,krause']
@@ -42,8 +42,9 @@ def run_folder(out_root, system, row, seed=1337):
 
 
 def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(tmp_path):
-    whole = tmp_path / 'whole'
+    whole, checkout = tmp_path / 'whole', checkout_files()
     out = run_script('studies/ablate.py', *TINY, f'--out_root={whole}')
+    assert sorted((whole / 'data').iterdir()) == [whole / 'data' / 'passkey', whole / 'data' / 'recall']  # tiny's own
     cells, table = metrics(whole)
     assert len(cells) == 4 and all(c['status'] == 'ok' for r in table['rows'].values() for c in r.values()), out
     for (row, system), runs in cells.items():  # a number in each cell: the system's own metric, for seed 1337
@@ -77,6 +78,7 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
     assert 'iter 5:' in second.read_text() and not (killed / 'recall' / 'krause-s1337' / 'cell.json').exists()
     out = run_script('studies/ablate.py', *TINY, f'--out_root={killed}')
     assert metrics(killed)[0] == cells, out
+    assert checkout_files() == checkout  # nothing written in the checkout: the data too in out_root
 
 
 def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp_path):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import run_script
+from conftest import checkout_files, run_script
 from test_lab import tiny_text_table
 
 
@@ -81,12 +81,13 @@ def test_cells_side_by_side_give_the_serial_tables_cells(tmp_path):
     """--cells_at_once=2: two runs at once, each its own process (on a GPU node, its own GPU; here --cells_on_cpu
     lets them share the CPU), the same cells as one after the other."""
     common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax,krause']
+    checkout = checkout_files()
     run_script(*common, f'--out_root={tmp_path / "serial"}')
     out = run_script(*common, f'--out_root={tmp_path / "two"}', '--cells_at_once=2', '--cells_on_cpu=True')
     one, two = (json.loads((tmp_path / name / 'table.json').read_text())['rows'] for name in ('serial', 'two'))
     metrics = lambda rows: {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}
     assert metrics(one) == metrics(two) and all(r['recall']['status'] == 'ok' for r in two.values()), out
-    assert launches(tmp_path / 'two') == 2
+    assert launches(tmp_path / 'two') == 2 and checkout_files() == checkout  # the data too under out_root
 
 
 def test_cells_as_local_jobs_give_the_serial_tables_cells(tmp_path):
@@ -94,12 +95,14 @@ def test_cells_as_local_jobs_give_the_serial_tables_cells(tmp_path):
     of the runs one after the other."""
     pytest.importorskip('submitit', reason="submitit (requirements-extras.txt) runs the lab's jobs")
     common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax,krause']
+    checkout = checkout_files()
     run_script(*common, f'--out_root={tmp_path / "serial"}')
     out = run_script(*common, f'--out_root={tmp_path / "jobs"}', '--launcher=submitit_local')
     one, two = (json.loads((tmp_path / name / 'table.json').read_text())['rows'] for name in ('serial', 'jobs'))
     metrics = lambda rows: {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}
     assert metrics(one) == metrics(two) and all(r['recall']['status'] == 'ok' for r in two.values()), out
     assert launches(tmp_path / 'jobs') == 2 and len(list((tmp_path / 'jobs' / 'jobs').glob('*_submitted.pkl'))) == 2
+    assert checkout_files() == checkout
 
 
 def test_a_slurm_job_is_nodes_times_gpus_under_torchruns_rendezvous(tmp_path, monkeypatch):
