@@ -266,6 +266,15 @@ def check_int_list(c, key, example, at_least=1):
     return values
 
 
+def check_distinct(key, values):
+    """ValueError naming setting `key` where its list of values (names, seeds) holds one twice: a row, a column or a
+    seed given twice would be run and counted twice."""
+    twice = list(dict.fromkeys(str(v) for v in values if values.count(v) > 1))
+    if twice:
+        raise ValueError(f"{key}={','.join(map(str, values))} gives {', '.join(twice)} more than once; pass each once: "
+                         f"--{key}={','.join(dict.fromkeys(map(str, values)))}")
+
+
 def check_folder(c, key, what="a folder"):
     """ValueError unless setting `key` is empty (its default) or an existing folder."""
     if c[key] and not os.path.isdir(c[key]):
