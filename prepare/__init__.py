@@ -67,10 +67,11 @@ def val_tokens_needed(cfg):
 
 def _token_budget(cfg):
     """What a run consumes: every training token it reads at most once, the 1% validation hold-out, and a val
-    split it can evaluate on (the first documents go to val until it holds that many tokens)."""
+    split it can evaluate on (the first documents go to val until it holds that many tokens); and a train split of
+    one window at least, however small the budget (the first document, gone to val, may exceed it)."""
     tokens = (cfg['max_iters'] + 1) * cfg['gradient_accumulation_steps'] * cfg['batch_size'] * cfg['block_size']
     val = val_tokens_needed(cfg)
-    return dict(max_tokens=int(tokens / 0.99) + 1 + val, min_val_tokens=val)
+    return dict(max_tokens=int(tokens / 0.99) + 1 + val, min_val_tokens=val, min_train_tokens=cfg['block_size'] + 1)
 
 
 def _recall_args(cfg):
