@@ -42,7 +42,7 @@ def local_files(source):
     files = sorted(p for p in path.rglob("*") if p.suffix in FORMATS) if path.is_dir() else [path]
     kinds = {FORMATS.get(p.suffix) for p in files}
     if len(kinds) > 1 and None not in kinds:  # one loader reads a folder: its files must share a format
-        found = ", ".join(f"{n} {suffix}" for suffix, n in Counter(p.suffix for p in files).items())
+        found = ", ".join(f"{n} {suffix}" for suffix, n in sorted(Counter(p.suffix for p in files).items()))
         raise ValueError(f"--source={source} mixes formats ({found} files), and a folder is read by one loader; pass "
                          f"--source=PATH of one of its files, or of a folder of one format")
     if len(kinds) != 1 or None in kinds:
