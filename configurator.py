@@ -5,11 +5,12 @@ $ python train.py config/override_file.py --batch_size=32
 
 The config file is plain Python that assigns existing globals; each --key=value overrides one of them.
 A config builds on another with exec(open(os.path.join(os.path.dirname(__file__), 'other.py')).read()).
-Unlike nanoGPT, an unknown key, a value of the wrong type or a config file that does not run (a syntax error) stops
-the run with one `error:` line; so does a number that is not one: an infinite or NaN float (unless the key's default
-is one), a whole number past 64 bits, or a seed torch and numpy cannot take (0 .. 2**63 - 1). A path setting (a key
-ending in _dir, _root, _source or _path, and init_from, png, plots) that starts with ~ is in the home folder, as a shell
-would give it: the shell expands ~ only at the start of a word, so --out_dir=~/x arrives as typed.
+Unlike nanoGPT, an unknown key (with a "did you mean": a renamed key's new name), a value of the wrong type or a
+config file that does not run (a syntax error) stops the run with one `error:` line; so does a number that is not one:
+an infinite or NaN float (unless the key's default is one), a whole number past 64 bits, or a seed torch and numpy
+cannot take (0 .. 2**63 - 1). A path setting (a key ending in _dir, _root, _source or _path, and init_from, png,
+plots) that starts with ~ is in the home folder, as a shell would give it: the shell expands ~ only at the start of a
+word, so --out_dir=~/x arrives as typed.
 """
 import builtins as _builtins
 import difflib as _difflib
@@ -22,6 +23,11 @@ _INT64 = 2 ** 63  # a whole number torch and numpy hold: sizes, counts, seeds
 _PATH_KEYS = ('_dir', '_root', '_source', '_path', 'init_from', 'png', 'plots')  # the settings naming files, by name
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
 overridden = set()  # the keys a config file changed or --key=value gave (a fine-tune takes its base's for the rest)
+# keys renamed since, old -> today's: the "did you mean" of an old key, which is refused, never read as the new one
+# (its meaning may have changed with its name: krause_mix mixed Krause alone)
+_RENAMED = {'cluster_block': 'cluster_chunk', 'krause_mix': 'mix', 'image_tokens': 'subpixels',
+            **dict.fromkeys(('tda_chunk', 'tda_chunk_weights', 'topk_chunk_weights', 'entmax_chunk_weights',
+                             'rela_chunk_weights'), 'tile_weights')}
 
 
 def _config_error(msg):
@@ -44,7 +50,7 @@ def _run_config(source, path, scope):
 
 def _checked(key, value, where):
     if key not in _keys:
-        hint = _difflib.get_close_matches(key, _keys, n=1)
+        hint = [_RENAMED[key]] if _RENAMED.get(key) in _keys else _difflib.get_close_matches(key, _keys, n=1)
         _config_error(f"unknown key '{key}' in {where}" + (f"; did you mean '{hint[0]}'?" if hint else
                       f"; valid keys: {', '.join(sorted(_keys))}"))
     default = _keys[key]

@@ -68,10 +68,11 @@ def val_tokens_needed(cfg):
 
 def _token_budget(cfg):
     """What a run consumes: every training token it reads at most once, the 1% validation hold-out, and a val
-    split it can evaluate on (the first documents go to val until it holds that many tokens)."""
+    split it can evaluate on (the first documents go to val until it holds that many tokens); and a train split of
+    one window at least, however small the budget (the first document, gone to val, may exceed it)."""
     tokens = (cfg['max_iters'] + 1) * cfg['gradient_accumulation_steps'] * cfg['batch_size'] * cfg['block_size']
     val = val_tokens_needed(cfg)
-    return dict(max_tokens=int(tokens / 0.99) + 1 + val, min_val_tokens=val)
+    return dict(max_tokens=int(tokens / 0.99) + 1 + val, min_val_tokens=val, min_train_tokens=cfg['block_size'] + 1)
 
 
 def _recall_args(cfg):
@@ -274,6 +275,58 @@ def check_source(data_dir, source, key):
 
 
 # -----------------------------------------------------------------------------
+# a local source file (a text, a jsonl of rows), read whole: what is wrong with it names the file, before any work
+
+def read_source_text(path, label, todo):
+    """The text of the local file `path`; FileNotFoundError or ValueError `{label} <what is wrong>; {todo}` where it is
+    missing, a folder, not UTF-8 text or empty. label: how the user named it (--source=PATH); todo: what to pass."""
+    if os.path.isdir(path):
+        raise ValueError(f"{label} is a folder, not a file; {todo}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{label} does not exist; {todo}")
+    try:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+    except UnicodeDecodeError as e:  # a binary file, or text in another encoding
+        raise ValueError(f"{label} is not UTF-8 text (byte {e.start}: {e.reason}); {todo}") from None
+    if not text.strip():  # nothing to learn from or score: refused, not read as 0 tokens
+        raise ValueError(f"{label} is empty; {todo}")
+    return text
+
+
+def read_source_rows(path, fields, label, todo):
+    """The rows (dicts) of the local jsonl `path`, each with every one of `fields`; ValueError naming the file and the
+    line that is not a JSON object or lacks a field (read_source_text's errors too)."""
+    rows = []
+    for number, line in enumerate(read_source_text(path, label, todo).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{label}, line {number}, is not JSON ({e}); {todo}") from None
+        missing = [name for name in fields if not isinstance(row, dict) or name not in row]
+        if missing:
+            has = f"its fields: {', '.join(list(row)[:8])}" if isinstance(row, dict) else f"a {type(row).__name__}"
+            raise ValueError(f"{label}, line {number}, lacks {', '.join(missing)} ({has}); {todo}")
+        rows.append(row)
+    return rows
+
+
+def read_documents(path, key):
+    """The documents of a local text given as --key: a jsonl's `text` fields, one document each, or any other file
+    as one document; ValueError naming the file where it holds no text."""
+    label, todo = f"--{key}={path}", f"pass --{key}=PATH of a text file, or of a jsonl with a `text` field in each row"
+    if str(path).endswith('.jsonl'):
+        texts = [row['text'] for row in read_source_rows(path, ('text',), label, todo)]
+    else:
+        texts = [read_source_text(path, label, todo)]
+    if not all(isinstance(text, str) for text in texts) or not any(text.strip() for text in texts):
+        raise ValueError(f"{label} holds no text (its `text` fields are empty or not strings); {todo}")
+    return texts
+
+
+# -----------------------------------------------------------------------------
 # damaged or foreign data names itself: one line each, saying how to prepare it again
 
 def redo(data_dir):
@@ -281,7 +334,15 @@ def redo(data_dir):
 
 
 def read_meta(data_dir):
-    """data_dir's meta.json as a dict, None where there is none; ValueError if it cannot be read."""
+    """data_dir's meta.json as a dict, None where there is none; ValueError if it cannot be read, or if data_dir (or
+    the folder it would be made in) is a file: every preparation and every run reads it first."""
+    folder = os.path.abspath(data_dir)
+    while not os.path.exists(folder):  # the nearest that exists: data_dir, or where it would be made
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        where = '' if folder == os.path.abspath(data_dir) else f" would be made in {folder}, which"
+        raise ValueError(f"data_dir={data_dir}{where} is a file, not a folder; pass --data_dir=DIR of a folder (made "
+                         f"if missing), or leave it out")
     path = os.path.join(data_dir, 'meta.json')
     if not os.path.exists(path):
         return None

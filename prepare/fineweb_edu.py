@@ -22,7 +22,8 @@ DATA_DIR = default_data_dir("fineweb_edu")
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, sample="sample-10BT", **kwargs):
     """Tokenize FineWeb-Edu (the hub, or a local `source`) into data_dir; kwargs go to prepare_text. Returns meta."""
     check_source(data_dir, source, "source")  # a folder prepared from another copy: said, not ignored
-    if meta := prepared_enough(data_dir, max_tokens, kwargs.get("min_val_tokens", 0)):
+    if meta := prepared_enough(data_dir, max_tokens, kwargs.get("min_val_tokens", 0),
+                               kwargs.get("min_train_tokens", 0)):
         return meta
     def load_hub():  # streaming, so a partial budget downloads only what it reads
         return load_dataset(HUB, name=sample, split="train", streaming=True), f"{HUB}/{sample}"

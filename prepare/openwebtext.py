@@ -44,7 +44,8 @@ def load_hub(prefer=None):
 def prepare(data_dir=DATA_DIR, source=None, max_tokens=None, **kwargs):
     """Tokenize OpenWebText (the hub, or a local `source`) into data_dir; kwargs go to prepare_text. Returns meta."""
     check_source(data_dir, source, "source")  # a folder prepared from another copy: said, not ignored
-    if meta := prepared_enough(data_dir, max_tokens, kwargs.get("min_val_tokens", 0)):
+    if meta := prepared_enough(data_dir, max_tokens, kwargs.get("min_val_tokens", 0),
+                               kwargs.get("min_train_tokens", 0)):
         return meta
     previous = (read_meta(data_dir) or {}).get("source")  # continue from the same copy, not another one
     dataset, label = open_dataset(source, lambda: load_hub(prefer=previous), HUB)

@@ -12,22 +12,16 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, check_source, read_meta, script_errors, write_prepared
+from prepare import array_file, check_source, read_meta, read_source_text, script_errors, write_prepared
 
 URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'shakespeare_char')
 
 
 def read_text(source):
-    if source:
-        if not os.path.isfile(source):
-            raise FileNotFoundError(f"--source={source} does not exist; give the path of tiny-shakespeare's input.txt")
-        with open(source, encoding='utf-8') as f:
-            text = f.read()
-        if not text.strip():  # nothing to learn from: refused, not prepared as 0 tokens
-            raise ValueError(f"--source={source} is empty; give the path of tiny-shakespeare's input.txt or another "
-                             f"text")
-        return text
+    if source:  # a folder, a binary file, an empty one: one line naming it
+        return read_source_text(source, f"--source={source}", "give the path of tiny-shakespeare's input.txt or "
+                                                                "another text")
     try:
         with urllib.request.urlopen(URL, timeout=30) as r:
             return r.read().decode('utf-8')

@@ -17,6 +17,7 @@ import argparse
 import itertools
 import json
 import os
+from collections import Counter
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -41,8 +42,14 @@ def local_files(source):
         raise FileNotFoundError(f"--source={source} does not exist")
     files = sorted(p for p in path.rglob("*") if p.suffix in FORMATS) if path.is_dir() else [path]
     kinds = {FORMATS.get(p.suffix) for p in files}
+    if len(kinds) > 1 and None not in kinds:  # one loader reads a folder: its files must share a format
+        found = ", ".join(f"{n} {suffix}" for suffix, n in sorted(Counter(p.suffix for p in files).items()))
+        raise ValueError(f"--source={source} mixes formats ({found} files), and a folder is read by one loader; pass "
+                         f"--source=PATH of one of its files, or of a folder of one format")
     if len(kinds) != 1 or None in kinds:
-        raise ValueError(f"--source={source} is not a supported format: expected {SOURCE_HELP}")
+        what = "holds none of" if path.is_dir() else f"({path.suffix or 'no suffix'}) is not one of"
+        raise ValueError(f"--source={source} {what} the formats read here ({', '.join(FORMATS)}): expected "
+                         f"{SOURCE_HELP}")
     return kinds.pop(), [str(p) for p in files]
 
 
@@ -138,12 +145,13 @@ def put_back(data_dir):
     return meta
 
 
-def prepared_enough(data_dir, max_tokens, min_val_tokens=0):
-    """meta if data_dir already holds the whole source, or max_tokens of which min_val_tokens in val, else None:
-    then nothing is opened or downloaded, so a prepared dataset trains offline."""
+def prepared_enough(data_dir, max_tokens, min_val_tokens=0, min_train_tokens=0):
+    """meta if data_dir already holds the whole source, or max_tokens of which min_val_tokens in val and
+    min_train_tokens in train, else None: then nothing is opened or downloaded, so a prepared dataset trains offline."""
     meta = read_meta(data_dir)
     if meta and (meta["complete"] or (max_tokens is not None and sum(meta["tokens"].values()) >= max_tokens
-                                      and meta["tokens"]["val"] >= min_val_tokens)):
+                                      and meta["tokens"]["val"] >= min_val_tokens
+                                      and meta["tokens"]["train"] >= min_train_tokens)):
         print(f"{data_dir}: {sum(meta['tokens'].values()):,} tokens already prepared"
               + (" (all of the source)" if meta["complete"] else ""))
         return meta
@@ -151,11 +159,11 @@ def prepared_enough(data_dir, max_tokens, min_val_tokens=0):
 
 
 def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_proc=None, chunk_docs=64,
-                 checkpoint_tokens=100_000_000, name=None, min_val_tokens=0):
+                 checkpoint_tokens=100_000_000, name=None, min_val_tokens=0, min_train_tokens=0):
     """Tokenize `dataset` into data_dir/{train,val}.bin until about max_tokens (None: all of it) and until val
-    holds min_val_tokens; returns meta. A fresh folder sends its first documents to val until val holds
-    min_val_tokens (recorded as val_first, the split rule thereafter), so a small budget still gets a val split
-    to evaluate on; a continued one reads on until its 1-in-val_every documents reach min_val_tokens."""
+    holds min_val_tokens and train min_train_tokens; returns meta. A fresh folder sends its first documents to val
+    until val holds min_val_tokens (recorded as val_first, the split rule thereafter), so a small budget still gets a
+    val split to evaluate on; a continued one reads on until its 1-in-val_every documents reach min_val_tokens."""
     gpt2_encoding()  # offline with no tokenizer cached: one line now, not a worker's traceback later
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +192,8 @@ def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_
             doc_index += 1
             total += len(tokens)
             progress.update(len(tokens))
-            if max_tokens is not None and total >= max_tokens and meta["tokens"]["val"] >= min_val_tokens:
+            if max_tokens is not None and total >= max_tokens and meta["tokens"]["val"] >= min_val_tokens \
+                    and meta["tokens"]["train"] >= min_train_tokens:
                 break  # stop within one document of the budget
             if total - committed >= checkpoint_tokens:
                 commit(files, data_dir, meta)

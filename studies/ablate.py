@@ -99,7 +99,7 @@ from studies.tables import ANALYSIS, ROWS, TABLES, Table
 from studies.verdicts import paired, verdict
 from support.rundir import RunDir
 from support.runtime import PEAK_FLOPS
-from support.checks import check_int_list, check_or_exit, script_settings
+from support.checks import check_distinct, check_int_list, check_or_exit, script_settings
 
 # -----------------------------------------------------------------------------
 budget = 'cpu'              # a name in systems.BUDGETS: 'tiny', 'cpu' or 'paper'
@@ -227,6 +227,7 @@ def picked(key, text, valid, where=''):
     if not names or unknown:
         raise ValueError(f"{key}: {'unknown name(s) ' + ', '.join(unknown) + where if unknown else 'none picked'}; "
                          f"pass e.g. --{key}={','.join(valid[:2])} (valid: {', '.join(valid)})")
+    check_distinct(key, names)
     return names
 
 
@@ -309,6 +310,7 @@ def lab_settings(c, given=()):
                          f"out for every rule on every system")
     row_names, system_names, seed_text = table_picks(c, given, name) if spec else every_rule_picks(c)
     seed_list = check_int_list({'seeds': seed_text}, 'seeds', '1337,1338', at_least=0)
+    check_distinct('seeds', seed_list)
     check_the_rest(c, name, system_names)
     check_launcher(c, given)
     if spec:  # each system's rows in the table's order, and their arguments at this budget

@@ -119,6 +119,12 @@ def main():
         raise SystemExit(f"error: {out_dir} holds a '{softmax.config.attention}' model; the swap starts from full "
                          f"softmax")
     dataset, T, batch_size = run.config['dataset'], softmax.config.block_size, run.config['batch_size']
+    keys_per_head, most = kmeans_batches * batch_size * T, max(int(m) for m in cluster_ms.split(','))
+    if most > keys_per_head:  # k-means starts from m distinct keys of those it is fitted to
+        raise SystemExit(f"error: cluster_ms={cluster_ms}: m={most} is more than the {keys_per_head:,} keys per head "
+                         f"that k-means fits the seeds to (kmeans_batches={kmeans_batches} x the run's batch_size "
+                         f"{batch_size} x block_size {T}); pass --cluster_ms with each m at most {keys_per_head} (or "
+                         f"more --kmeans_batches)")
     try:
         meta, split_rows = check_files(dataset, folder)
         reader = Batches(dataset, folder, meta, split_rows, T, batch_size, 'cpu')

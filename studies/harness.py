@@ -56,6 +56,7 @@ LOCAL_TASKS = {'hellaswag_local': 'hellaswag_source', 'hellaswag_nanogpt': 'hell
                'text_rolling': 'text_source'}  # local task -> the key that names its file
 ROUGE_TASKS = ('qmsum_scrolls', 'summscreenfd_scrolls', 'govreport_scrolls')  # scored with Google's rouge-score
 SCROLLS_TASKS = ('quality_scrolls', 'contractnli_scrolls', 'qasper_scrolls', *ROUGE_TASKS)  # hub or scrolls_source
+SCROLLS_FIELDS = ('id', 'input', 'output')  # what lm_tasks/local.py reads of a SCROLLS row
 
 
 class GPTScorer:
@@ -216,7 +217,23 @@ def check_harness_settings(c):
             raise ValueError(f"{key}={c[key]} does not exist; pass the path of an existing "
                              f"{'folder of task YAMLs' if key == 'include_path' else 'file'}")
     check_ranges(c, at_least_one=('batch_size',), not_negative=('limit', 'num_fewshot', 'bootstrap_iters'))
+    check_local_files(c, names, scrolls)
     return names
+
+
+def check_local_files(c, names, scrolls):
+    """ValueError naming the local file a task reads where its rows lack the task's fields or it holds no text: read
+    as the task reads it (lm_tasks/local.py), now, not a KeyError or a ZeroDivisionError from inside the harness."""
+    from prepare import read_documents, read_source_rows
+    from support.hellaswag import SCHEMA, read_rows
+    if {'hellaswag_local', 'hellaswag_nanogpt'} & set(names):
+        read_rows(c['hellaswag_source'], SCHEMA)
+    if 'text_rolling' in names:
+        read_documents(c['text_source'], 'text_source')
+    if scrolls and c['scrolls_source']:
+        path = c['scrolls_source']
+        read_source_rows(path, SCROLLS_FIELDS, f"--scrolls_source={path}", f"pass --scrolls_source=PATH of a jsonl "
+                         f"of SCROLLS' schema ({', '.join(SCROLLS_FIELDS)} in each row)")
 
 
 def load_bpe_run(path):

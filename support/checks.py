@@ -89,6 +89,9 @@ def check_train_config(config, world_size=1, set_keys=()):
         raise ValueError("out_dir is empty; pass --out_dir=DIR (ckpt.pt and log.jsonl go there)")
     if os.path.exists(c['out_dir']) and not os.path.isdir(c['out_dir']):
         raise ValueError(f"out_dir={c['out_dir']} is a file, not a folder; pass --out_dir=DIR")
+    if not c['max_iters'] >= 1 and not c['eval_only']:  # iteration 0 is evaluated, never saved: no ckpt.pt
+        raise ValueError(f"max_iters={c['max_iters']} trains no iteration, so the run would write no checkpoint; pass "
+                         f"--max_iters=1 or more")
     check_ranges(c, AT_LEAST_ONE, NOT_NEGATIVE, BELOW_ONE)
     if not 0.0 <= c['cutmix_prob'] <= 1.0:
         raise ValueError(f"cutmix_prob={c['cutmix_prob']} is a probability; pass --cutmix_prob=VALUE in [0, 1]")
@@ -264,6 +267,15 @@ def check_int_list(c, key, example, at_least=1):
         raise ValueError(f"{key}={text!r}: {max(values)} is past 64 bits (the most is 2**63 - 1); pass e.g. "
                          f"--{key}={example}")
     return values
+
+
+def check_distinct(key, values):
+    """ValueError naming setting `key` where its list of values (names, seeds) holds one twice: a row, a column or a
+    seed given twice would be run and counted twice."""
+    twice = list(dict.fromkeys(str(v) for v in values if values.count(v) > 1))
+    if twice:
+        raise ValueError(f"{key}={','.join(map(str, values))} gives {', '.join(twice)} more than once; pass each once: "
+                         f"--{key}={','.join(dict.fromkeys(map(str, values)))}")
 
 
 def check_folder(c, key, what="a folder"):

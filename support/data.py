@@ -207,6 +207,9 @@ class Batches:
         if split == 'val' and 'val_every' in self.meta and self.meta.get('val_first', 0) < val_tokens_needed:
             return (f"{have}: it was prepared for a smaller run; pass --data_dir=ANOTHER_FOLDER (or delete this one) "
                     f"and train.py prepares it again, its first {val_tokens_needed:,} tokens in val")  # web text
+        if not self.meta.get('complete', True):  # web text prepared up to a budget: there is more of its source
+            return (f"{have}, and it holds part of its source (complete=false in its meta.json): pass "
+                    f"--data_dir=ANOTHER_FOLDER (or delete this one) and train.py prepares it again")
         return (f"{have}, and all of its source is in it: pass a smaller --block_size, or a larger --data_source "
                 f"with --data_dir=ANOTHER_FOLDER")
 

@@ -4,7 +4,6 @@ Each row is a context and four endings. The model reads context + " " + ending f
 whose tokens have the lowest *mean* cross-entropy (the mean, not the sum, so long endings are not penalised).
 The loader takes the original jsonl (https://github.com/rowanz/hellaswag): ctx, endings (4 strings), label.
 """
-import json
 import os
 import shutil
 import urllib.request
@@ -16,10 +15,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from prepare import ROOT, gpt2_encoding
+from prepare import ROOT, gpt2_encoding, read_source_rows
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 CACHE_DIR = ROOT / "data" / "hellaswag"
+FIELDS = ("ctx", "endings", "label")  # what a row must have to be scored here
+SCHEMA = ("ctx", "ctx_a", "ctx_b", "activity_label", "endings", "label")  # the original's, which the harness reads
 
 
 def download(cache_dir=CACHE_DIR):
@@ -49,7 +50,23 @@ def load_rows(source=None, cache_dir=CACHE_DIR, ddp=False):
     path = Path(source) if source is not None else download(cache_dir)
     if ddp and first:
         dist.barrier()
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_rows(path)
+
+
+def read_rows(path, fields=FIELDS, key="hellaswag_source"):
+    """The rows of a HellaSwag jsonl (given as --key), each label an int; ValueError naming the file and the row where
+    one lacks one of `fields`, or its endings are not 4 strings or its label not 0..3, before any is scored."""
+    label = f"--{key}={path}"
+    todo = f"pass --{key}=PATH of HellaSwag's hellaswag_val.jsonl ({', '.join(fields)} in each row)"
+    rows = read_source_rows(path, fields, label, todo)
+    for number, row in enumerate(rows, 1):
+        endings = row["endings"]
+        if not (isinstance(row["ctx"], str) and isinstance(endings, list) and len(endings) == 4
+                and all(isinstance(ending, str) for ending in endings) and str(row["label"]) in ("0", "1", "2", "3")):
+            raise ValueError(f"{label}, row {number}: ctx must be a string, endings 4 strings and label 0..3 (label "
+                             f"{row['label']!r}); {todo}")
+        row["label"] = int(row["label"])  # the hub's copy has strings
+    return rows
 
 
 def render_example(row, enc):

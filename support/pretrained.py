@@ -199,6 +199,12 @@ def check_hub_config(cfg, folder, damaged):
         if key not in cfg or type(value) is not int or value < 1:
             found = 'lacks ' + key if key not in cfg else f"has {key}={value!r}, not a whole number >= 1"
             raise ValueError(f"{folder}/config.json {found}; {damaged}")
+    C, H = cfg['n_embd'], cfg['n_head']
+    if C % H:  # a base's weights keep their size: the heads are what config.json must get right
+        divisors = [h for h in range(1, C + 1) if C % h == 0]
+        raise ValueError(f"{folder}/config.json has n_embd={C}, n_head={H}: {C} cannot be split into {H} heads; set "
+                         f"its n_head to the one the weights were trained with, which divides {C} "
+                         f"({', '.join(map(str, divisors))}), or pass another --init_from")
 
 
 def check_base_dataset(base, dataset):

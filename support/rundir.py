@@ -1,9 +1,9 @@
 """
 A training run's hold on out_dir (RunDir): the lock (run.lock) that keeps a second run out, read through /proc
 (alive) to tell a live holder from a dead one; the atomic writes whose failure (disk full) is one line saying what
-is kept; Ctrl-C as one such line; the metrics log, which keeps an earlier run's log.jsonl until this run's first
-checkpoint; the line a run starts with where it resumes, or replaces another run; the line a run that wrote no
-checkpoint ends in; and the cleanup at exit.
+is kept; Ctrl-C or SIGTERM as one such line; the metrics log, which keeps an earlier run's log.jsonl until this
+run's first checkpoint; the line a run starts with where it resumes, or replaces another run; the line a run that
+wrote no checkpoint ends in; and the cleanup at exit.
 """
 import atexit
 import json
@@ -22,22 +22,25 @@ from support.resume import kept_checkpoint_line
 
 class RunDir:
     """What a training run holds in out_dir, and the one line any stop ends in. Made before any setting is checked
-    (nothing is written then): Ctrl-C from then on stops the run with one `error:` line saying what is kept and how
-    to go on, exit code 130. open() makes out_dir and, for a run that writes there, takes its lock, run.lock (created
-    with O_EXCL, holding `pid host`): a lock of a live process refuses the run, naming the pid; one left by a dead
-    process (a crash, kill -9) is taken over. At exit (atexit; after an error or Ctrl-C too) the lock is released and
-    the folders open() made are removed where they are still empty. save() and write_json() write atomically; a
-    failed write (disk full) or data gone mid-run (stop) ends the run in one line saying what is kept. A run that
-    does not resume leaves an earlier run's ckpt.pt and log.jsonl byte for byte until its own first checkpoint
-    (metrics_log: MetricsLog); a training run that ends with none says why (finish).
+    (nothing is written then): Ctrl-C (or SIGTERM, outside torchrun) from then on stops the run with one `error:`
+    line saying what is kept and how to go on, exit code 130 (SIGTERM: 143). open() makes out_dir and, for a run that
+    writes there, takes its lock, run.lock (created with O_EXCL, holding `pid host`): a lock of a live process refuses
+    the run, naming the pid; one left by a dead process (a crash, kill -9) is taken over. At exit (atexit; after an
+    error or Ctrl-C too) the lock is released and the folders open() made are removed where they are still empty.
+    save() and write_json() write atomically; a failed write (disk full) or data gone mid-run (stop) ends the run in
+    one line saying what is kept. A run that does not resume leaves an earlier run's ckpt.pt and log.jsonl byte for
+    byte until its own first checkpoint (metrics_log: MetricsLog); a training run that ends with none says why
+    (finish).
     saved_iter: the iteration of the checkpoint this run saved (or resumed from), None if neither."""
 
     def __init__(self, out_dir, master=True):
         self.out_dir, self.master = out_dir, master
         self.ckpt_path, self.lock_path = os.path.join(out_dir, 'ckpt.pt'), os.path.join(out_dir, 'run.lock')
-        self.saved_iter, self.made, self.locked, self.interrupted = None, [], False, False
+        self.saved_iter, self.made, self.locked, self.interrupted = None, [], False, None  # interrupted: by what
         self.log, self.log_digest, self.writes = None, None, False
         signal.signal(signal.SIGINT, self.interrupt)
+        if 'TORCHELASTIC_RESTART_COUNT' not in os.environ:  # under torchrun a worker's SIGTERM is from its agent,
+            signal.signal(signal.SIGTERM, self.interrupt)  # after another worker failed and said why; alone: as Ctrl-C
         atexit.register(self.close)
 
     def kept(self):
@@ -66,8 +69,9 @@ class RunDir:
 
     def interrupt(self, signum, frame):
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops the cleanup too
-        self.interrupted = True
-        raise SystemExit(130)  # unwinds as KeyboardInterrupt would (temporary files removed); close() says the rest
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # and a second SIGTERM
+        self.interrupted = 'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name
+        raise SystemExit(128 + signum)  # 130, 143: unwinds as KeyboardInterrupt would; close() says the rest
 
     def open(self, lock=True, replacing=False):
         """Make out_dir (noting the folders made) and, with lock, take its lock; SystemExit with one line where the
@@ -206,8 +210,8 @@ class RunDir:
                 pass  # not empty: what it holds is kept
         self.made = []
         if self.interrupted and self.master:
-            self.interrupted = False
-            print(f"error: interrupted (Ctrl-C); {self.kept()}; {self.go_on().removeprefix('then ')}",
+            how, self.interrupted = self.interrupted, None
+            print(f"error: interrupted ({how}); {self.kept()}; {self.go_on().removeprefix('then ')}",
                   file=sys.stderr, flush=True)
 
 

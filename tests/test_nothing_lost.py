@@ -177,8 +177,8 @@ def test_data_that_changes_at_the_same_size_is_caught(data, tmp_path):
 
 def test_a_run_that_writes_no_checkpoint_says_why(data, tmp_path):
     """always_save_checkpoint=False (nanoGPT's fine-tune recipe) where the val loss never improves, and max_iters=0:
-    no ckpt.pt, so the last line says so and why, naming the key, exit code 1; an earlier run's files stay as they
-    were."""
+    no ckpt.pt, so the last line says so and why, naming the key, exit code 1 (max_iters=0 before any work); an
+    earlier run's files stay as they were."""
     common = ['train.py', *TINY, f'--data_dir={data / "recall"}']
     assert run_forked({'argv': [*common, f'--out_dir={tmp_path / "earlier"}', '--max_iters=2',
                                 '--eval_interval=2']})[0][0] == 0
@@ -195,7 +195,8 @@ def test_a_run_that_writes_no_checkpoint_says_why(data, tmp_path):
     assert_last_error(rc, out, rf"^error: {never}; pass --always_save_checkpoint=True to keep the trained model")
     assert_last_error(rc2, out2, rf"^error: {never} \(the earlier run's ckpt.pt and log.jsonl in {tmp_path / 'over'} "
                                  rf"are kept as they were\); pass --always_save_checkpoint=True")
-    assert_last_error(rc3, out3, r"^error: max_iters=0 trains no iteration, so this run wrote no checkpoint; pass "
-                                 r"--max_iters=1 or more$")
+    assert_last_error(rc3, out3, r"^error: max_iters=0 trains no iteration, so the run would write no checkpoint; "
+                                 r"pass --max_iters=1 or more$")
+    assert not (tmp_path / 'none').exists()  # refused before any work
     assert not (tmp_path / 'worse' / 'ckpt.pt').exists() and (tmp_path / 'worse' / 'log.jsonl').exists()
     assert digests(tmp_path / 'over') == before and not leftovers(tmp_path / 'over')

@@ -29,7 +29,8 @@ ROWS = {
     'n_embd=130,n_head=4': ('train.py --n_embd=130 --n_head=4',
                             r"n_embd=130 must be a multiple of n_head=4; pass e\.g\. --n_embd=128"),
     'batch_size=0': ('train.py --batch_size=0', r"batch_size=0 must be at least 1"),
-    'max_iters=-5': ('train.py --max_iters=-5', r"max_iters=-5 must not be negative; pass --max_iters=0 or more"),
+    'max_iters=-5': ('train.py --max_iters=-5', r"max_iters=-5 trains no iteration, so the run would write no "
+                                                r"checkpoint; pass --max_iters=1 or more$"),
     'learning_rate=1e6': (f'train.py {" ".join(TINY)} --learning_rate=1e6 --eval_interval=10 --log_interval=10',
                           r"loss is (nan|inf) at iteration 10; this run wrote no checkpoint yet; lower learning_rate"),
     'odd-size train.bin': ('train.py --dataset=shakespeare_char --data_dir={d}/odd',

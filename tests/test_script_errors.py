@@ -4,6 +4,7 @@ corrupt because the device is missing); a write that fails ends in one line that
 temporary file left; merge_lora.py never overwrites its input. One batch of forked runs (tests/faults.py) for all the
 bad inputs: milliseconds each."""
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run_forked
+from conftest import ROOT, TEXT_RUN, run_forked
 
 SMALL = ['--seq_lens=32', '--n_embd=16', '--n_head=2', '--n_layer=1', '--repeats=1', '--device=cpu', '--dtype=float32']
 ROLLING = ['--tasks=text_rolling', '--text_source={d}/input.txt', '--device=cpu']
@@ -225,3 +226,100 @@ def test_merge_lora_never_overwrites_its_input(runs, tmp_path):
     rc, out = results[-1]
     assert rc == 0 and (run / 'merged.pt').is_file(), out[-2000:]
     assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == before
+
+
+# bad inputs whose line named the wrong thing or came late, each refused before any work; {d}: the fixture's folder
+# (its bad files written by bad_files), N: a folder no run may make; a data_dir or out_dir there is never created
+HELLASWAG_SCHEMA = r"lacks ctx, ctx_a, ctx_b, activity_label, endings, label \(its fields: text\)"
+LATE_CASES = [
+    ('train.py', ['--dataset=shakespeare', '--hellaswag=True', '--hellaswag_source={d}/fineweb.jsonl',
+                  '--data_dir=N/data', '--out_dir=N/out', '--device=cpu'],
+     r"--hellaswag_source=\S+fineweb.jsonl, line 1, lacks ctx, endings, label \(its fields: text\); pass "
+     r"--hellaswag_source=PATH of HellaSwag's hellaswag_val.jsonl"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=4,100000'], r"cluster_ms=4,100000: m=100000 is more "
+     r"than the 2,560 keys per head .*batch_size 4 x block_size 32\); pass --cluster_ms with each m at most 2560"),
+    ('studies/ablate.py', ['--out_root=N/abl', '--seeds=1337,1337'],
+     r"seeds=1337,1337 gives 1337 more than once; pass each once: --seeds=1337$"),
+    ('studies/ablate.py', ['--out_root=N/abl', '--rows=softmax,softmax'],
+     r"rows=softmax,softmax gives softmax more than once; pass each once: --rows=softmax$"),
+    ('train.py', ['--max_iters=-1', '--data_dir=N/data', '--out_dir=N/out'],
+     r"max_iters=-1 trains no iteration, so the run would write no checkpoint; pass --max_iters=1 or more$"),
+    ('train.py', ['--init_from={d}/hub_heads', '--dataset=shakespeare', '--data_dir=N/data', '--out_dir=N/out'],
+     r"hub_heads/config.json has n_embd=32, n_head=3: 32 cannot be split into 3 heads; set its n_head to the one the "
+     r"weights were trained with, which divides 32 \(1, 2, 4, 8, 16, 32\), or pass another --init_from$"),
+    ('train.py', ['--dataset=shakespeare_char', '--data_source={d}/binary.bin', '--data_dir=N/data', '--out_dir=N/out'],
+     r"--source=\S+binary.bin is not UTF-8 text \(byte 0: invalid start byte\); give the path of tiny-shakespeare's"),
+    ('train.py', ['--data_dir={d}/input.txt', '--out_dir=N/out'],
+     r"data_dir=\S+input.txt is a file, not a folder; pass --data_dir=DIR of a folder \(made if missing\)"),
+    ('train.py', ['--dataset=shakespeare_char', '--data_source={d}/input.txt', '--data_dir={d}/input.txt/chars',
+                  '--out_dir=N/out'], r"data_dir=\S+input.txt/chars would be made in \S+input.txt, which is a file"),
+    ('prepare/recall.py', ['--data_dir={d}/input.txt'], r"data_dir=\S+input.txt is a file, not a folder"),
+    ('train.py', ['--dataset=fineweb_edu', '--data_source={d}/mixed', '--data_dir=N/data', '--out_dir=N/out'],
+     r"--source=\S+mixed mixes formats \(1 .jsonl, 1 .parquet files\), and a folder is read by one loader; pass "
+     r"--source=PATH of one of its files, or of a folder of one format$"),
+    ('prepare/shakespeare_char.py', ['--source={d}/chars', '--data_dir=N/data'],
+     r"--source=\S+chars is a folder, not a file; give the path of tiny-shakespeare's input.txt"),
+    ('studies/harness.py', ['--out_dir=B', '--device=cpu', '--tasks=hellaswag_nanogpt',
+                            '--hellaswag_source={d}/fineweb.jsonl'], rf"fineweb.jsonl, line 1, {HELLASWAG_SCHEMA}"),
+    ('studies/harness.py', ['--out_dir=B', '--device=cpu', '--tasks=hellaswag_local',
+                            '--hellaswag_source={d}/fineweb.jsonl'], rf"fineweb.jsonl, line 1, {HELLASWAG_SCHEMA}"),
+    ('studies/harness.py', ['--out_dir=B', '--device=cpu', '--tasks=text_rolling', '--text_source={d}/empty.txt'],
+     r"--text_source=\S+empty.txt is empty; pass --text_source=PATH of a text file, or of a jsonl with a `text`"),
+    ('studies/harness.py', ['--out_dir=B', '--device=cpu', '--tasks=text_rolling',
+                            '--text_source={d}/no_text.jsonl'], r"no_text.jsonl holds no text"),
+    ('studies/harness.py', ['--out_dir=B', '--device=cpu', '--tasks=quality_scrolls',
+                            '--scrolls_source={d}/fineweb.jsonl'], r"fineweb.jsonl, line 1, lacks id, input, output"),
+    ('train.py', ['--krause_mix=True', '--data_dir=N/data', '--out_dir=N/out'],
+     r"unknown key 'krause_mix' in --krause_mix; did you mean 'mix'\?$"),
+    ('bench.py', [*SMALL, '--image_tokens=3072'], r"unknown key 'image_tokens' in --image_tokens; did you mean "
+                                                  r"'subpixels'\?$"),
+]
+
+
+@pytest.fixture(scope='module')
+def bad_files(runs):
+    """The fixture's folder with the files LATE_CASES read: FineWeb-like rows as HellaSwag, SCROLLS and text, a
+    binary file, an empty one, a folder of two formats, a Hub-layout config whose heads do not divide its width."""
+    d = runs
+    (d / 'fineweb.jsonl').write_text(''.join(json.dumps({'text': f"document {i}"}) + '\n' for i in range(3)))
+    (d / 'no_text.jsonl').write_text(json.dumps({'text': ' '}) + '\n')
+    (d / 'binary.bin').write_bytes(bytes([0xff, 0xfe, 0, 1]) * 64)
+    (d / 'empty.txt').write_text('')
+    (d / 'mixed').mkdir()
+    (d / 'mixed' / 'a.parquet').write_bytes(b'')
+    (d / 'mixed' / 'b.jsonl').write_text('')
+    (d / 'hub_heads').mkdir()
+    (d / 'hub_heads' / 'config.json').write_text(json.dumps(dict(model_type='gpt2', n_embd=32, n_head=3, n_layer=1,
+                                                                 n_positions=16, vocab_size=50257)))
+    from safetensors.torch import save_file
+    save_file({'wte.weight': torch.zeros(1)}, str(d / 'hub_heads' / 'model.safetensors'))  # the heads are refused first
+    return d
+
+
+@pytest.fixture(scope='module')
+def late_inputs(bad_files):
+    d = bad_files
+    spell = lambda a: spelled(a, d).replace('=N/', f'={d / "never"}/')
+    return dict(enumerate(run_forked(*({'argv': [script, *map(spell, args)]} for script, args, _ in LATE_CASES))))
+
+
+@pytest.mark.parametrize('i', range(len(LATE_CASES)), ids=[f"{s}:{' '.join(a)[:70]}" for s, a, _ in LATE_CASES])
+def test_a_late_bad_input_is_one_error_line_before_any_work(late_inputs, bad_files, i):
+    """The last line is `error:`, names the key or the file and what to pass; no traceback, nothing made."""
+    rc, out = late_inputs[i]
+    assert rc == 1 and 'Traceback' not in out, out[-3000:]
+    assert last_line(out).startswith('error: ') and re.search(LATE_CASES[i][2], last_line(out)), last_line(out)
+    assert not (bad_files / 'never').exists()
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(runs, tmp_path):
+    """SIGTERM mid-run (kill, a scheduler's stop): one line saying what is kept and how to go on, exit code 143, the
+    lock released; from a checkpoint, as Ctrl-C."""
+    d = runs
+    train = ['train.py', *TEXT_RUN, f'--data_dir={d / "chars"}', '--max_iters=4', '--eval_interval=2']
+    sigterm = ['', 'clip_grad_norm_', 3, "os.kill(os.getpid(), signal.SIGTERM)"]  # in iteration 2, after a save
+    (rc, out), = run_forked({'argv': [*train, f'--out_dir={tmp_path}'], 'fault': sigterm})
+    assert rc == 143 and 'Traceback' not in out, out[-3000:]
+    assert re.search(rf"^error: interrupted \(SIGTERM\); the last good checkpoint, iteration 2, is kept in \S+; go on "
+                     rf"with --init_from=resume", last_line(out)), last_line(out)
+    assert not (tmp_path / 'run.lock').exists()

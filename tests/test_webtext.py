@@ -153,6 +153,17 @@ def test_a_quick_trial_of_a_main_config_gets_a_val_split(tmp_path, config_file, 
     assert need <= tokens["val"] < need + 20_000 and tokens["train"] > 3 * 2 * cfg["block_size"]
 
 
+def test_a_budget_the_first_document_exceeds_still_gets_a_train_window(tmp_path):
+    # `train.py --max_iters=1 --batch_size=1 --block_size=8 --eval_iters=1 --data_source=SAMPLE`: the budget (27
+    # tokens) is passed by the first document, which goes to val; train reads on to its first window (9 tokens)
+    cfg = dict(max_iters=1, gradient_accumulation_steps=1, batch_size=1, block_size=8, eval_iters=1)
+    prepare.prepare_dataset("fineweb_edu", tmp_path, str(PARQUET), cfg)
+    meta, tokens = prepare.check_files("fineweb_edu", tmp_path)
+    first, second = map(len, doc_tokens(fineweb_docs()[:2]))
+    assert meta["documents"] == {"train": 1, "val": 1} and meta["complete"] is False
+    assert tokens == {"train": second, "val": first} and second >= 9
+
+
 def test_a_folder_prepared_for_less_reads_on_until_val_suffices(tmp_path):
     docs = fineweb_docs()
     fineweb_edu.prepare(tmp_path, source=PARQUET, max_tokens=5_000)  # as the script does: 1 doc in 100 to val

@@ -2,33 +2,28 @@
 text_source, scrolls_source): the harness calls these as each YAML's custom_dataset, with the metadata as keyword
 arguments. SCROLLS' tasks are written here too (the harness's scrolls_* prompts and requests, SCROLLS' own F1 and
 ROUGE), from the hub or a local jsonl: the harness's own scrolls_* tasks import a module that transformers 5 removed."""
-import json
 import math
 import re
 import string
 from collections import Counter
-from pathlib import Path
 
 import datasets
 from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 
+from prepare import read_documents
+from support.hellaswag import SCHEMA, read_rows
+
 
 def hellaswag_rows(hellaswag_source='', **kwargs):
     """The rows of a HellaSwag jsonl in its original schema (ctx, ctx_a, ctx_b, activity_label, endings, label)."""
-    rows = [json.loads(line) for line in Path(hellaswag_source).read_text().splitlines() if line.strip()]
-    for row in rows:
-        row['label'] = int(row['label'])  # the hub's copy has strings
+    rows = read_rows(hellaswag_source, SCHEMA)  # checked by harness.py first, as here
     return datasets.DatasetDict({'validation': datasets.Dataset.from_list(rows)})
 
 
 def text_documents(text_source='', **kwargs):
     """A txt file as one document, or a jsonl's `text` fields as one document each."""
-    path = Path(text_source)
-    if path.suffix == '.jsonl':
-        texts = [json.loads(line)['text'] for line in path.read_text().splitlines() if line.strip()]
-    else:
-        texts = [path.read_text()]
+    texts = read_documents(text_source, 'text_source')  # checked by harness.py first, as here
     return datasets.DatasetDict({'test': datasets.Dataset.from_list([{'text': t} for t in texts])})
 
 
