@@ -741,9 +741,9 @@ def run_cells(lab, cells, todo):
         for cell in (cell for row in cells.values() for cell in row.values()):  # seeds in order, as they ended
             cell['seeds'] = {str(n): cell['seeds'][str(n)] for n in lab.seeds if str(n) in cell['seeds']}
     except SystemExit as e:
-        if e.code != 130:
+        if e.code not in (130, 143):  # RunDir's Ctrl-C and SIGTERM
             raise
-        raise SystemExit(f"error: interrupted (Ctrl-C); the finished runs are kept in {lab.folder} (a cell.json "
+        raise SystemExit(f"error: interrupted ({'Ctrl-C' if e.code == 130 else 'SIGTERM'}); the finished runs are kept in {lab.folder} (a cell.json "
                          f"each) and a run stopped in training goes on from its checkpoint; run the same command "
                          f"again to go on") from None
     progress.close()

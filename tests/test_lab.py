@@ -60,21 +60,23 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert (whole / 'table.md').read_text() == text
 
-    # killed (the lab and its train.py, -9) while the second run trains, then the same command again: the table
-    # as the first command left it, less the second run (the first and the last two are not trained again)
+    # stopped (SIGTERM to the lab, which kills its train.py, -9) while the second run trains, then the same command
+    # again: the table as the first command left it, less the second run (the first and the last two are not trained
+    # again)
     killed = tmp_path / 'killed'
     trained = run_folder(whole, 'recall', 'krause')
     shutil.copytree(whole, killed, ignore=lambda folder, names: ['krause-s1337'] if folder == str(whole / 'recall')
                     else [trained.name] if folder == str(trained.parent) else [])
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
     proc = subprocess.Popen([sys.executable, 'studies/ablate.py', *TINY, f'--out_root={killed}'], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     second = killed / trained.relative_to(whole) / 'train.log'
     deadline = time.time() + 120
     while not (second.exists() and 'iter 5:' in second.read_text()) and time.time() < deadline:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.kill(proc.pid, signal.SIGTERM)
+    said = proc.communicate(timeout=60)[1].strip().splitlines()[-1]
+    assert said.startswith(f"error: interrupted (SIGTERM); the finished runs are kept in {killed}"), said
     assert 'iter 5:' in second.read_text() and not (killed / 'recall' / 'krause-s1337' / 'cell.json').exists()
     out = run_script('studies/ablate.py', *TINY, f'--out_root={killed}')
     assert metrics(killed)[0] == cells, out
