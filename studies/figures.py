@@ -6,7 +6,8 @@ The lab's figures (studies/ablate.py writes them beside table.md and links them 
   picture of the table's `*`. A panel whose axis does not start at 0 says so in its title.
 - per system, the validation curves of every row overlaid from its runs' log.jsonl (train.py's estimate at each
   evaluation, on eval_iters batches): the mean over seeds as a line, the seeds' range as a band; beside it the
-  training loss logged every log_interval, the same way.
+  training loss logged every log_interval, the same way. The axes show the runs past the first tenth of training
+  (the first steps' fall would flatten the rest), and say so.
 """
 import json
 import os
@@ -84,6 +85,7 @@ def curves_figure(plt, title, rows, logs, val_key, val_label):
     fig, axes = plt.subplots(1, 2, figsize=(8.0, 3.6))
     drawn = False
     for ax, (kind, key, label) in zip(axes, (('eval', val_key, val_label), ('train', 'loss', 'train loss'))):
+        later = []  # the band's values past the first tenth of training, where the rows part
         for x, row in enumerate(rows):
             curve = seeds_curve(logs.get(row, []), kind, key)
             if curve is None:
@@ -91,9 +93,15 @@ def curves_figure(plt, title, rows, logs, val_key, val_label):
             iters, mean, low, high = curve
             ax.plot(iters, mean, color=f'C{x}', label=row, marker='o' if len(iters) < 8 else None, markersize=3)
             ax.fill_between(iters, low, high, color=f'C{x}', alpha=0.2, linewidth=0)
+            later += [v for i, a, b in zip(iters, low, high) if i >= 0.1 * iters[-1] for v in (a, b)]
             drawn = True
+        zoom = ''
+        if len(later) > 2 and max(later) > min(later):  # the first steps' fall would flatten the rest
+            pad = 0.05 * (max(later) - min(later))
+            ax.set_ylim(min(later) - pad, max(later) + pad)
+            zoom = '\nthe first tenth of training above the axis'
         ax.set_xlabel('iteration', fontsize=8)
-        ax.set_title(f"{label}\nthe mean over seeds, their range shaded{axis_cut(ax)}", fontsize=8)
+        ax.set_title(f"{label}{axis_cut(ax)}\nthe mean over seeds, their range shaded{zoom}", fontsize=8)
     if not drawn:
         plt.close(fig)
         return None
