@@ -3,8 +3,9 @@ written with a number in every cell; running it again trains nothing and writes 
 the middle of a run goes on to the same numbers; a rule a reader registers is a row with no change to the lab; a run
 that fails holds its error line in its cell while the others go on. A paper's table (--table) runs its rows on
 equal terms (one position encoding and shape, read back from the checkpoints), each cell with its model's own
-parameter count and its attention FLOPs (counted, and the closed form); a difference beyond twice the combined spread
-of the seeds is marked; an unknown table, or a rule it has no row for, is one error line before any run. (Other bad
+parameter count and its attention FLOPs (counted, and the closed form); a row whose paired differences from the first
+row, seed by seed, have a 95% interval that excludes 0 is marked, and each paper's claim gets the verdict its interval
+gives; an unknown table, or a rule it has no row for, is one error line before any run. (Other bad
 input: tests/test_script_errors.py.)"""
 import json
 import math
