@@ -743,6 +743,7 @@ def run_cells(lab, cells, todo):
     except SystemExit as e:
         if e.code not in (130, 143):  # RunDir's Ctrl-C and SIGTERM
             raise
+        progress.close()  # the bar before the line, not after it
         raise SystemExit(f"error: interrupted ({'Ctrl-C' if e.code == 130 else 'SIGTERM'}); the finished runs are kept in {lab.folder} (a cell.json "
                          f"each) and a run stopped in training goes on from its checkpoint; run the same command "
                          f"again to go on") from None

@@ -76,8 +76,9 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
     while not (second.exists() and 'iter 5:' in second.read_text()) and time.time() < deadline:
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGTERM)
-    said = proc.communicate(timeout=60)[1].strip().splitlines()[-1]
-    assert said.startswith(f"error: interrupted (SIGTERM); the finished runs are kept in {killed}"), said
+    said = [line for line in proc.communicate(timeout=60)[1].splitlines() if line.startswith('error:')]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"error: interrupted (SIGTERM); the finished runs are kept in {killed}"), said
     assert 'iter 5:' in second.read_text() and not (killed / 'recall' / 'krause-s1337' / 'cell.json').exists()
     out = run_script('studies/ablate.py', *TINY, f'--out_root={killed}')
     assert metrics(killed)[0] == cells, out
@@ -173,7 +174,8 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
     assert {p: p.stat().st_mtime_ns for p in softmax.rglob('*')} == stamps
     assert again['softmax']['text']['seeds']['1337']['metrics'] == softmax_metrics
     dex = again['dex']['text']
-    assert dex['against_first']['val_loss']['diffs'] == [dex['values']['val_loss']['1337'] - softmax_metrics['val_loss']]
+    difference = dex['values']['val_loss']['1337'] - softmax_metrics['val_loss']
+    assert dex['against_first']['val_loss']['diffs'] == [difference]
 
 
 def test_the_flops_counted_for_softmax_equal_its_closed_form():
