@@ -289,6 +289,21 @@ def test_a_claims_verdict_follows_its_paired_interval(monkeypatch):
     assert [(r['row'], r['against']) for r in ablate.claim_results(lab, cells)] == [('krause', 'softmax')]
 
 
+def test_every_claim_names_its_tables_system_rows_and_metric(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
+    from studies import ablate
+    from studies.claims import CLAIMS, WAYS
+    assert set(CLAIMS) <= set(ablate.TABLES)
+    for name, claims in CLAIMS.items():
+        for claim in claims:
+            spec = ablate.TABLES[name].systems[claim.system]
+            tasks = [t for t in spec.tasks.split(',') if t]  # the paper budget's columns
+            keys = [m.key for m in ablate.table_metrics(ablate.TABLES[name], claim.system, tasks)]
+            assert claim.metric in keys and claim.way in WAYS, (name, claim)
+            assert claim.row in spec.rows and claim.against in spec.rows and claim.row != claim.against, (name, claim)
+            assert set(claim.paper) <= {claim.row, claim.against}, (name, claim)
+
+
 def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_run(tmp_path):
     lab = tmp_path / 'lab'
     cases = [(['--table=nope'], "error: table='nope' is not a table; pass --table=NAME, one of tda, krause_lm, "
