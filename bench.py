@@ -51,7 +51,7 @@ import torch
 from rules import AttentionConfig, build_attention
 from model import GPT, GPTConfig
 from prepare import ROOT
-from support.checks import (check_device, check_dtype, check_fits, check_int_list, check_or_exit,
+from support.checks import (check_device, check_distinct, check_dtype, check_fits, check_int_list, check_or_exit,
                             check_ranges, model_memory, script_settings)
 from support.runtime import (DTYPES, check_attention_layers, dataclass_defaults, dataclass_values,
                              note_cpu_recipe, peak_flops, precision)
@@ -103,6 +103,7 @@ def check_bench_settings(c):
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got '{c['mode']}': pass e.g. "
                          f"--mode=attention")
     lengths = check_int_list(c, 'seq_lens', '1024,4096')
+    check_distinct('seq_lens', lengths)
     check_ranges(c, at_least_one=('batch_size', 'n_head', 'n_embd', 'n_layer', 'vocab_size',
                                   'decode_tokens', 'repeats'))
     if c['tda_backward'] not in TDA_BACKWARDS:

@@ -29,7 +29,8 @@ from model import GPT, layer_inputs_outputs
 from prepare import ROOT, check_files
 from support.atomic import save_checkpoint
 from support.loading import checkpoint_path, load_checkpoint, load_run
-from support.checks import check_fits, check_folder, check_int_list, check_or_exit, check_ranges, script_settings
+from support.checks import (check_distinct, check_fits, check_folder, check_int_list, check_or_exit, check_ranges,
+                            script_settings)
 from support.data import Batches
 
 # -----------------------------------------------------------------------------
@@ -50,7 +51,7 @@ def check_cluster_swap_settings(c):
     """ValueError naming the first bad setting, before the checkpoint is opened."""
     if not c['out_dir']:
         raise ValueError("out_dir is empty; pass --out_dir=DIR of a softmax GPT trained by train.py")
-    check_int_list(c, 'cluster_ms', '4,16,64')
+    check_distinct('cluster_ms', check_int_list(c, 'cluster_ms', '4,16,64'))
     check_ranges(c, at_least_one=('cluster_chunk', 'kmeans_batches', 'eval_iters'), not_negative=('kmeans_iters',))
     check_fits([(8 * c[k], f"the rows of {k}", {k: c[k]}) for k in ('kmeans_batches', 'eval_iters')], 'cpu',
                doing='drawing the batches')  # at least a row index each, int64

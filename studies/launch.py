@@ -22,6 +22,10 @@ def check_launcher(c, given):
     if slurm_set and c['launcher'] != 'slurm':
         raise ValueError(f"{slurm_set[0]} is a SLURM job's setting and launcher={c['launcher']}; pass "
                          f"--launcher=slurm, or leave --{slurm_set[0]} out")
+    if c['launcher'] != 'local' and c['cells_at_once'] != 1:  # jobs run side by side as the scheduler has room
+        raise ValueError(f"cells_at_once={c['cells_at_once']} is the local launcher's setting; launcher="
+                         f"{c['launcher']} makes each run a job, run side by side as the scheduler has room; leave "
+                         f"--cells_at_once out, or pass --launcher=local")
     if c['launcher'] != 'local':
         try:
             import submitit  # noqa: F401

@@ -8,7 +8,6 @@ $ python tests/harness_check.py --out_dir=DIR --text_source=doc.txt --windows=20
 """
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path

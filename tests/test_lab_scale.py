@@ -48,7 +48,7 @@ def test_the_dry_run_says_each_runs_cost_and_the_tables_sum_and_trains_nothing(t
     assert lines[3] == (f"total: 3 runs (2 to train, 1 done), {flops + cluster:.3g} FLOPs, "
                         f"{hours(flops + cluster):,.1f} GPU-hours; to train: {cluster:.3g} FLOPs, "
                         f"{hours(cluster):,.1f} GPU-hours ({hours(cluster) / 8:,.1f} hours on 8 GPUs)")
-    assert f"python train.py config/shakespeare_char.py --device=cpu" in out
+    assert "python train.py config/shakespeare_char.py --device=cpu" in out
 
 
 def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
@@ -64,7 +64,7 @@ def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
         "error: nproc_per_node=2 does not divide gradient_accumulation_steps=1 of text softmax at budget tiny (each "
         "process takes a share of a step's micro-batches); pass --recipe=--gradient_accumulation_steps=2 (a larger "
         "step), or a divisor of 1"] and not (tmp_path / 'refused').exists()
-    serial = run_script(*common, f'--out_root={tmp_path / "serial"}')
+    run_script(*common, f'--out_root={tmp_path / "serial"}')
     ddp = run_script(*common, f'--out_root={tmp_path / "ddp"}', '--nproc_per_node=2')
     one, two = (json.loads((tmp_path / name / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
                 for name in ('serial', 'ddp'))

@@ -169,7 +169,6 @@ def test_a_model_trained_on_needles_is_scored_per_count_and_length(tmp_path):
 
 @pytest.mark.skipif(not (SHARED / 'tiktoken_cache').is_dir(), reason=f"GPT-2's tokenizer cache not found under {SHARED}")
 def test_the_passkey_in_words_for_a_language_model(tmp_path):
-    import numpy as np
     import tiktoken
     from prepare.passkey import make_text_examples
     enc = tiktoken.get_encoding('gpt2')

@@ -2,7 +2,6 @@
 query, softmax over every key but the query's own of t·q_i·k_j, t = exp(log t) (one per layer, or one per head),
 then the weighted sum of the values. Float64, forward and gradients (q, k, v, log t), with t different per head and
 away from its initial 1/√D; the LSA ViT, and the GPT it refuses."""
-import math
 
 import pytest
 import torch

@@ -8,7 +8,6 @@ import datasets
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from rules import ATTENTION

@@ -15,7 +15,7 @@ from rules import ATTENTION, MixAttention
 from conftest import SHARED, iter_losses, needs_shared, rule_cases, run_forked, run_script, write_tiny_cifar
 from model import LoRALinear, merge_lora, trainable
 from model import GPT, GPTConfig
-from support.pretrained import base_state, fine_tune_args, load_base, load_base_weights
+from support.pretrained import fine_tune_args, load_base, load_base_weights
 
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, n_positions=24, vocab_size=37)
 RULE_KEYS = dict(krause_window=8, krause_topk=4, cluster_chunk=8, cluster_m=4, tda_beta=0.5)

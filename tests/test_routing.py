@@ -5,7 +5,6 @@ Then what is not in the formula: the k-means (once per optimizer step, never in 
 every rank), the commitment loss, memory linear in T, the cache, the settings."""
 import math
 import multiprocessing
-import os
 
 import pytest
 import torch

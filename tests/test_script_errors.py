@@ -37,6 +37,8 @@ CASES = [
     ('bench.py', [*SMALL, '--seq_lens=32,abc'], r"seq_lens='32,abc' must be comma-separated whole numbers"),
     ('bench.py', [*SMALL, '--seq_lens=0'], r"seq_lens='0' must be .* each at least 1; pass e.g. --seq_lens="),
     ('bench.py', [*SMALL, '--seq_lens='], r"seq_lens='' must be comma-separated"),
+    ('bench.py', [*SMALL, '--seq_lens=32,32'], r"seq_lens=32,32 gives 32 more than once; pass each once: "
+     r"--seq_lens=32$"),
     ('bench.py', [*SMALL, '--batch_size=0'], r"batch_size=0 must be at least 1"),
     ('bench.py', [*SMALL, '--repeats=0'], r"repeats=0 must be at least 1"),
     ('bench.py', [*SMALL, '--n_head=3'], r"n_embd=16 must be a multiple of n_head=3"),
@@ -110,6 +112,11 @@ CASES = [
      r"setting and launcher=submitit_local; pass --launcher=slurm"),
     ('studies/ablate.py', ['--out_root={d}/abl', '--launcher=slurm'], r"launcher=slurm submits with sbatch, and this "
      r"machine has none; run on a SLURM cluster's login node"),
+    ('studies/ablate.py', ['--out_root={d}/abl', '--launcher=submitit_local', '--cells_at_once=2',
+                           '--cells_on_cpu=True'], r"cells_at_once=2 is the local launcher's setting; "
+     r"launcher=submitit_local makes each run a job, .* leave --cells_at_once out, or pass --launcher=local$"),
+    ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=4,16,4'], r"cluster_ms=4,16,4 gives 4 more than once; "
+     r"pass each once: --cluster_ms=4,16$"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_chunk=0'], r"cluster_chunk=0 must be at least 1"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=4,x'], r"cluster_ms='4,x' must be comma-separated"),
     ('studies/cluster_swap.py', ['--out_dir=B', '--cluster_ms=0'], r"cluster_ms='0' must be .* at least 1"),
@@ -130,6 +137,8 @@ CASES = [
     ('studies/export.py', ['--out_dir=B', '--hub_dir={d}/hub'], r"ckpt.pt reads character tokens \(shakespeare_char\), "
      r"and GPT-2's tokenizer makes GPT-2 BPE ones: train on GPT-2 BPE text \(--dataset=shakespeare"),
 ]
+if shutil.which('sbatch'):  # a SLURM login node: there --launcher=slurm submits jobs instead of refusing
+    CASES = [case for case in CASES if '--launcher=slurm' not in case[1]]
 DEVICE_SCRIPTS = ['sample.py', 'bench.py', 'studies/extrapolate.py', 'studies/harness.py', 'studies/analyze.py']
 
 
@@ -320,6 +329,6 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(runs, tmp_path):
     sigterm = ['', 'clip_grad_norm_', 3, "os.kill(os.getpid(), signal.SIGTERM)"]  # in iteration 2, after a save
     (rc, out), = run_forked({'argv': [*train, f'--out_dir={tmp_path}'], 'fault': sigterm})
     assert rc == 143 and 'Traceback' not in out, out[-3000:]
-    assert re.search(rf"^error: interrupted \(SIGTERM\); the last good checkpoint, iteration 2, is kept in \S+; go on "
-                     rf"with --init_from=resume", last_line(out)), last_line(out)
+    assert re.search(r"^error: interrupted \(SIGTERM\); the last good checkpoint, iteration 2, is kept in \S+; go on "
+                     r"with --init_from=resume", last_line(out)), last_line(out)
     assert not (tmp_path / 'run.lock').exists()

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from rules import AttentionConfig, build_attention
 from conftest import assert_causal, cached_generation_equals_the_forward
