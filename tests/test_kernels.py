@@ -35,7 +35,7 @@ def kernel_calls(monkeypatch):
 def compare(attn, attend, tensors, names, tolerance=1e-5):
     """attend and attn.attend on the same inputs: the output and the gradients of the inputs and of the rule's own
     parameters, each error relative to the largest value of the math path's; prints them, returns them."""
-    own = {n: p for n, p in attn.named_parameters() if not n.startswith(('c_attn', 'c_proj'))}
+    own = {n: p for n, p in attn.named_parameters() if not {'c_attn', 'c_proj', 'gate'} & set(n.split('.'))}
     results = []
     for fn in (attn.attend, attend):
         inputs = [t.detach().clone().requires_grad_() for t in tensors]
@@ -139,6 +139,22 @@ def test_krause_kernel_keeps_every_key_tied_at_the_kth(kernel_calls):
     assert (scores == scores[..., :1]).all()
     compare(attn, attn.attend_fused, [q, k, v], 'qkv', tolerance=1e-4)
     assert kernel_calls
+
+
+@pytest.mark.parametrize('rule', ['krause', 'tda'])
+def test_the_mix_forms_rule_branch_runs_its_kernel(rule, kernel_calls):
+    """The mix form (the Krause paper's LM form: softmax beside the rule): forward's path runs the rule's branch on
+    its kernel and the softmax branch on SDPA (flash on a GPU), and equals the two branches' math paths."""
+    cfg = AttentionConfig(n_embd=32, n_head=2, block_size=T, attention=rule, mix=True, krause_window=32,
+                          krause_topk=16, tda_beta=0.6, tda_lambda=0.3)
+    attn = build_attention(cfg, 0).to(DEVICE)
+    if rule == 'krause':
+        with torch.no_grad():
+            attn.rule.log_sigma.copy_(torch.log(torch.tensor([0.7, 1.3])))
+    names = ['q', 'k', 'v', *(f"rule's {n}" for n in (attn.rule.projections or 'qkv'))]
+    tensors = krause_inputs() + (krause_inputs(1) if rule == 'krause' else tda_inputs(attn.rule, 1))
+    compare(attn, attn.attend_fused, tensors, names, tolerance=1e-4)
+    assert kernel_calls == [f"{'krause_band' if rule == 'krause' else 'tda'}_attention"]
 
 
 def whole_number_krause(scale):
