@@ -389,7 +389,8 @@ def test_a_tables_zero_shot_task_is_a_column_scored_by_the_harness(tmp_path):
     lab = tmp_path / 'lab'
     out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rows=softmax', '--budget=tiny',
                      f'--text_source={source}', f'--out_root={lab}', '--tasks=hellaswag_nanogpt',
-                     f'--recipe=--dataset=shakespeare --block_size=256 --data_dir={tmp_path / "bpe"}',  # uncropped
+                     f'--recipe=--dataset=shakespeare --block_size=256 --data_dir={tmp_path / "bpe"}'  # uncropped
+                     ' --max_iters=2 --lr_decay_iters=2 --warmup_iters=1 --eval_interval=2 --batch_size=2',  # any model
                      f'--harness_args=--hellaswag_source={rows}')
     cell = json.loads((lab / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
     assert cell['status'] == 'ok', out
