@@ -7,7 +7,8 @@ into zeroed float32 buffers by atomic adds (flash-attention-2's way; ONE_PASS_BA
 dk, dv and then one per query block for dq, dτ, dλ (no atomics, twice the score products). Where
 94-99% of the weights are exact zeros, a block whose every score falls below τ skips its value products both ways.
 q, k arrive L2-normalised per view (the rule normalises, autograd flows through that); τ (T,) and λ (a scalar tensor)
-get their gradients; p >= 1 is fixed (p = 1, 2 without a pow).
+get their gradients; p >= 1 is fixed per model, a compile-time constant P (p = 1, 2 without a pow), so no float
+argument reaches a kernel (inside a torch.compile graph Inductor would pass one as fp64).
 """
 import torch
 
@@ -20,15 +21,15 @@ ONE_PASS_BACKWARD = True   # the backward scores once (dq, dτ, dλ by atomic ad
 
 
 @jit
-def excess_power(x, p, P_MODE: tl.constexpr):  # relu(x)^p, and its derivative p·relu(x)^(p-1)
+def excess_power(x, P: tl.constexpr):  # relu(x)^P, and its derivative P·relu(x)^(P-1)
     positive = x > 0
     r = tl.where(positive, x, 0.0)
-    if P_MODE == 1:
+    if P == 1:
         return r, tl.where(positive, 1.0, 0.0)
-    if P_MODE == 2:
+    if P == 2:
         return r * r, 2.0 * r
     log_r = tl.log2(tl.where(positive, x, 1.0))
-    return tl.where(positive, tl.exp2(p * log_r), 0.0), tl.where(positive, p * tl.exp2((p - 1.0) * log_r), 0.0)
+    return tl.where(positive, tl.exp2(P * log_r), 0.0), tl.where(positive, P * tl.exp2((P - 1.0) * log_r), 0.0)
 
 
 @jit
@@ -65,8 +66,8 @@ def has_excess(x1, x2, visible, SKIP_EMPTY: tl.constexpr):  # a block with work:
 @jit
 def tda_forward_kernel(Q1, K1, Q2, K2, V, TAU, LAM, Y,
                        sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
-                       svb, svh, svt, syb, syh, syt, H, T, d, D, p,
-                       TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
+                       svb, svh, svt, syb, syh, syt, H, T, d, D,
+                       TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P: tl.constexpr,
                        SKIP_EMPTY: tl.constexpr, PRECISION: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr, BLOCK_D: tl.constexpr):
     m, bh = tl.program_id(0), tl.program_id(1)
@@ -83,10 +84,10 @@ def tda_forward_kernel(Q1, K1, Q2, K2, V, TAU, LAM, Y,
         cols = start + tl.arange(0, BLOCK_N)
         visible = causal_visible(rows, cols, T, CAUSAL)
         s1, _, _ = view_scores(Q1, K1, sq1t, sk1t, rows, cols, dims, T, d, PRECISION)
-        a, _ = excess_power(s1 - tau, p, P_MODE)
+        a, _ = excess_power(s1 - tau, P)
         if TWO_VIEWS:
             s2, _, _ = view_scores(Q2, K2, sq2t, sk2t, rows, cols, dims, T, d, PRECISION)
-            a2, _ = excess_power(s2 - tau, p, P_MODE)
+            a2, _ = excess_power(s2 - tau, P)
             a = a - lam * a2
         a = tl.where(visible, a, 0.0)
         if SKIP_EMPTY:
@@ -103,8 +104,8 @@ def tda_forward_kernel(Q1, K1, Q2, K2, V, TAU, LAM, Y,
 @jit
 def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV, DQ1, DQ2, DTAU, DLAM,
                              sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
-                             svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D, p,
-                             TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
+                             svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D,
+                             TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P: tl.constexpr,
                              SKIP_EMPTY: tl.constexpr, PRECISION: tl.constexpr, ONE_PASS: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr,
                              BLOCK_D: tl.constexpr):
@@ -136,7 +137,7 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV, DQ1,
         x1, x2 = excesses(q1, k1, q2, k2, tau, TWO_VIEWS, PRECISION)
         # a block where no excess is positive has a = 0 and ∂a/∂s = 0: it adds nothing to dk or dv
         if has_excess(x1, x2, visible, SKIP_EMPTY):
-            a, g1 = excess_power(x1, p, P_MODE)
+            a, g1 = excess_power(x1, P)
             dy = load_rows(DY, sdyt, rows, vdims, T, D)
             da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)      # ∂y/∂a_ij = dy_i·v_j, (M, N)
             ds1 = tl.where(visible, da * g1, 0.0)
@@ -147,7 +148,7 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV, DQ1,
                 tl.atomic_add(DQ1 + row_out, tl.dot(ds1.to(k1.dtype), k1, input_precision=PRECISION), mask=row_mask)
                 dtau = -tl.sum(ds1, 1)
             if TWO_VIEWS:
-                a2, g2 = excess_power(x2, p, P_MODE)
+                a2, g2 = excess_power(x2, P)
                 a = a - lam * a2
                 ds2 = tl.where(visible, -lam * da * g2, 0.0)
                 dk2 += tl.dot(tl.trans(ds2).to(q2.dtype), q2, input_precision=PRECISION)
@@ -173,8 +174,8 @@ def tda_backward_keys_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DK1, DK2, DV, DQ1,
 @jit
 def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU, DLAM,
                                 sq1b, sq1h, sq1t, sk1b, sk1h, sk1t, sq2b, sq2h, sq2t, sk2b, sk2h, sk2t,
-                                svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D, p,
-                                TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P_MODE: tl.constexpr,
+                                svb, svh, svt, sdyb, sdyh, sdyt, H, T, d, D,
+                                TWO_VIEWS: tl.constexpr, CAUSAL: tl.constexpr, P: tl.constexpr,
                                 SKIP_EMPTY: tl.constexpr, PRECISION: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_d: tl.constexpr,
                                 BLOCK_D: tl.constexpr):
@@ -206,12 +207,12 @@ def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU,
         if has_excess(x1, x2, visible, SKIP_EMPTY):
             v = load_rows(V, svt, cols, vdims, T, D)
             da = tl.dot(dy, tl.trans(v), input_precision=PRECISION)
-            _, g1 = excess_power(x1, p, P_MODE)
+            _, g1 = excess_power(x1, P)
             ds1 = tl.where(visible, da * g1, 0.0)
             dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PRECISION)
             dtau -= tl.sum(ds1, 1)
             if TWO_VIEWS:
-                a2, g2 = excess_power(x2, p, P_MODE)
+                a2, g2 = excess_power(x2, P)
                 ds2 = tl.where(visible, -lam * da * g2, 0.0)
                 dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PRECISION)
                 dtau -= tl.sum(ds2, 1)
@@ -223,10 +224,6 @@ def tda_backward_queries_kernel(Q1, K1, Q2, K2, V, TAU, LAM, DY, DQ1, DQ2, DTAU,
     if TWO_VIEWS:
         tl.store(DQ2 + out, dq2, mask=mask)
         tl.store(DLAM + bh * T + rows, dlam, mask=rows < T)
-
-
-def power_mode(p):  # p = 1, 2 without exp2/log2
-    return int(p) if p in (1, 2) else 0
 
 
 class TDAKernel(torch.autograd.Function):
@@ -286,8 +283,8 @@ def launch_args(q1, k1, q2, k2, v, tau32, lam32, p, two_views, causal):
     return dict(tensors=(q1, k1, q2, k2, v, tau32, lam32),
                 strides=(*bh_t_strides(q1), *bh_t_strides(k1), *bh_t_strides(q2), *bh_t_strides(k2),
                          *bh_t_strides(v)),
-                sizes=(v.size(1), T, d, D, float(p)),
-                flags=dict(TWO_VIEWS=two_views, CAUSAL=causal, P_MODE=power_mode(p),
+                sizes=(v.size(1), T, d, D),
+                flags=dict(TWO_VIEWS=two_views, CAUSAL=causal, P=float(p),
                            PRECISION=dot_precision(v.dtype), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                            BLOCK_d=max(16, triton.next_power_of_2(d)), BLOCK_D=max(16, triton.next_power_of_2(D))))
 
