@@ -20,10 +20,14 @@ from machinery.caches import KVCache, decode_sdpa
 from machinery.heads import merge_heads, split_heads, weights_of_linear_map
 from machinery.masks import FLEX_DEVICES, band_mask, block_mask, dense_mask, run_flex
 from machinery.rope import Rotary, check_rope_scaling
+from machinery.triton_available import kernel_on
 
 
 # -----------------------------------------------------------------------------
 # the frame
+
+PATHS = {'flex': 'attend_flex', 'kernel': 'attend_kernel', 'fused': 'attend_fused', 'math': 'attend'}
+PATH_LABELS = {'flex': 'flex_attention', 'kernel': 'Triton kernel', 'fused': 'SDPA', 'math': 'math path'}
 
 class Attention(nn.Module):
     """
@@ -43,8 +47,9 @@ class Attention(nn.Module):
     has_bidirectional_form = False  # a causal=False form (the ViT); without it, building one is a ValueError
     has_cache = False               # new_cache / fill / decode: GPT.generate(use_cache=True)
     has_flex = False                # attend_flex: the same function through flex_attention (flex=True on CUDA)
-    fused = False                   # attend_fused: the same function through one fused kernel (SDPA, or a rule's
-                                    # Triton kernel on CUDA: machinery/*_kernel.py), forward's default off flex
+    fused = False                   # attend_fused: the same function through SDPA (flash on a GPU)
+    has_kernel = False              # attend_kernel: the same function as the rule's own Triton kernel
+                                    # (machinery/*_kernel.py), forward's path on CUDA unless flex=True
     # what the rest of the code reads, on Attention instances only
     projections = ('q', 'k', 'v')   # what project returns, in order; None: the rule brings its own projections
     no_decay = ()                   # names of parameters AdamW must not decay (model.configure_adamw)
@@ -88,19 +93,33 @@ class Attention(nn.Module):
             if x.size(1) != 1:
                 raise ValueError(f"a filled cache takes one token at a time, got {x.size(1)}; prefill a new cache")
             return self.out(self.decode(*tensors, cache=cache))
-        y = self.attend_flex(*tensors, masks=masks) if self.uses_flex(x.device) else self.path()(*tensors)
+        name = self.path_name(x.device)
+        path = getattr(self, PATHS[name])
+        y = path(*tensors, masks=masks) if name == 'flex' else path(*tensors)
         if cache is not None:  # prefill: the prompt computed as in training, then its state into the cache
             self.fill(cache, *tensors)
         return self.out(y)
 
-    def uses_flex(self, device):
-        """The one place flex is chosen: flex=True on a device in FLEX_DEVICES (CUDA; the tests add the CPU)."""
-        return self.flex and device.type in FLEX_DEVICES
+    def path_name(self, device, flex=True):
+        """The one place forward's path is chosen, each the same function: 'flex' (attend_flex) where flex=True on
+        a device in FLEX_DEVICES (CUDA; the tests add the CPU); else 'kernel' (attend_kernel) where the rule has a
+        Triton kernel and triton runs on the device (kernel_on: CUDA); else 'fused' (attend_fused, SDPA) where the
+        rule has it; else 'math' (attend). flex=False: the choice off flex (analysis probes the weights there)."""
+        device = torch.device(device)
+        if flex and self.flex and device.type in FLEX_DEVICES:
+            return 'flex'
+        if self.has_kernel and kernel_on(device):
+            return 'kernel'
+        return 'fused' if self.fused else 'math'
 
-    def path(self):
-        """What forward runs off flex, each the same function: attend_fused (SDPA, or a rule's kernel) where the rule
-        has it (fused), else attend, the math path."""
-        return self.attend_fused if self.fused else self.attend
+    def path(self, device, flex=True):  # the method path_name chooses
+        return getattr(self, PATHS[self.path_name(device, flex)])
+
+    def uses_flex(self, device):
+        return self.path_name(device) == 'flex'
+
+    def describe_path(self, device):  # what forward runs on `device`, for a start-up line: "Triton kernel"
+        return PATH_LABELS[self.path_name(device)]
 
     def project(self, x, offset=0):  # offset: the absolute position of x's first token (generation)
         tensors = [split_heads(t, self.n_head) for t in self.c_attn(x).chunk(len(self.projections), dim=2)]
@@ -116,6 +135,9 @@ class Attention(nn.Module):
 
     def attend_flex(self, *tensors, masks=None):  # has_flex: the same function as attend, through flex_attention
         raise NotImplementedError(f"{type(self).__name__} has no flex path; set flex=False")
+
+    def attend_kernel(self, *tensors):  # has_kernel: the same function as attend, as the rule's Triton kernel
+        raise NotImplementedError(f"{type(self).__name__} has no Triton kernel")
 
     def flex_masks(self, T, device):
         """What attend_flex needs that depends only on the shape (a BlockMask; Krause adds its pre-pass's mask), each
@@ -159,7 +181,7 @@ class Attention(nn.Module):
         what project returns, for every rule linear in v (its last tensor). A rule that is not overrides it."""
         if self.projections is None or [name[0] for name in self.projections].count('v') != 1:
             raise NotImplementedError(f"{type(self).__name__} is not y = W v with one v; it has no single weight matrix")
-        return weights_of_linear_map(self.path(), *tensors)  # what forward computes off flex
+        return weights_of_linear_map(self.path(tensors[0].device, flex=False), *tensors)  # forward's path off flex
 
 
 

@@ -290,11 +290,11 @@ def bench_attention():
                                    causal=True, block_size=T)
         baseline = build_attention(softmax, 0).to(device, ptdtype)
         cases.append((dict(attention='softmax', path='sdpa', T=T, device=device),
-                      attention_case(baseline, baseline.path(), T)))  # path(): SDPA, as forward
+                      attention_case(baseline, baseline.path(device), T)))  # SDPA, as forward
         for name in attention.split(','):
             module = build_attention(attention_config(attention=name, block_size=T), 0).to(device, ptdtype)
-            # path(): what forward runs
-            paths = [('flex' if flex else 'math', module.attend_flex if flex else module.path())]
+            # flex=True: the flex path here too (forward only on the CPU); else what forward runs
+            paths = [('flex', module.attend_flex) if flex else (module.path_name(device), module.path(device))]
             if dense and hasattr(module, 'attend_dense'):
                 paths.append(('dense', module.attend_dense))
             for path, attend in paths:
@@ -364,7 +364,7 @@ def bench_pace():
         for label, overrides, variant in paths:
             config = attention_config(block_size=T, causal=True, **overrides)
             module = build_attention(config, 0).to(device, ptdtype)
-            attend = module.attend_flex if module.uses_flex(torch.device(device)) else module.path()
+            attend = module.path(device)
             kinds = [('attend', lambda: attention_case(module, compiled(attend), T))]
             if pace_step:
                 kinds.append(('model', lambda: model_case(T, **overrides)[1]))

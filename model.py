@@ -130,6 +130,14 @@ def attention_layers(model):
     return [m for m in model.modules() if isinstance(m, Attention)]
 
 
+def attention_paths(model, device):
+    """What forward runs in the model's attention layers on `device` (Attention.path_name), for a start-up line:
+    'krause, Triton kernel'; the mix form 'krause (mix), Triton kernel beside SDPA'; layers that differ, each once."""
+    config = model.config
+    paths = dict.fromkeys(m.attn.describe_path(device) for m in model.modules() if isinstance(m, Block))
+    return f"{config.attention}{' (mix)' if config.mix else ''}, {'; '.join(paths)}"
+
+
 def with_extra_losses(model, loss):
     """The loss plus every attention layer's own training term from this forward (Attention.extra_loss: routing's
     commitment loss), by its gradient alone: the value stays the task's loss, the one logs and evaluations compare,

@@ -26,7 +26,7 @@ from support.resume import check_resumable, restore_rng_states, rng_states
 from support.rundir import RunDir
 from support.checks import check_train_config, one_line_errors
 from support.data import Batches, answer_counts, bits_per_dim
-from model import GPT, GPTConfig, attention_reports
+from model import GPT, GPTConfig, attention_paths, attention_reports
 from support.pretrained import (OWN_STARTS, check_tokens, fine_tune_args, load_base,
                                 load_base_weights)
 from prepare import (ROOT, check_dataset_dir, check_files, dataset_kind, default_data_dir,
@@ -214,6 +214,8 @@ if master_process:
           + (f" (fine-tuning {base_name})" if base_name else ''))
 model.to(device)
 raw_model = model  # unwrapped: what is saved and what estimate_mfu asks
+if master_process:
+    print(f"attention: {attention_paths(model, device)}")  # the path forward runs: kernel, flex, SDPA or math
 
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)

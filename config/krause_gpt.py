@@ -30,7 +30,8 @@ mix = True               # the paper's LM form: softmax branch + Krause branch, 
 krause_window = 32
 krause_topk = 16
 krause_sigma = 2.5
-flex = True              # flex_attention on CUDA (the math path elsewhere)
+# on CUDA forward runs Krause's Triton kernel (no dropout on its weights: flex, --flex=True, has none either), the
+# math path elsewhere
 
 learning_rate = 6e-4
 max_iters = 19073        # one pass over 10e9 tokens at 524,288 tokens per step

@@ -24,7 +24,7 @@ tda_kappa = 1.0          # κ, fixed: τ_0 = 0
 tda_p = 2.0              # p, fixed
 tda_matched = False      # full-width views: 176.43M (+14.18M); the paper's width is unpublished (its name, 162M, fits
                          # tda_matched=True: views of D/2 = 32, 162.25M; docs/rules.md#tda)
-flex = True              # flex_attention on CUDA (the chunked math path elsewhere)
+# on CUDA forward runs TDA's Triton kernel (--flex=True: flex_attention, to compare), the chunked math path elsewhere
 
 learning_rate = 1e-3
 min_lr = 1e-4

@@ -40,8 +40,11 @@ def jit(fn):
     return triton.jit(fn) if triton is not None else fn
 
 
+INTERPRETED = os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')  # read once, as triton.jit reads it
+
+
 def interpreted():
-    return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
+    return INTERPRETED
 
 
 def triton_runs_on(device):
@@ -53,13 +56,13 @@ def triton_runs_on(device):
     return device.type == 'cpu' if interpreted() else device.type == 'cuda'
 
 
-KERNEL_DEVICES = ('cuda',)  # where a rule's forward takes its Triton kernel (kernel_on); tests add the interpreted CPU
+KERNEL_DEVICES = ('cuda',)  # where forward takes a rule's Triton kernel (kernel_on); tests add the interpreted CPU
 
 
-def kernel_on(x):
-    """True where a rule's attend_fused runs its Triton kernel on x's device: a device in KERNEL_DEVICES (CUDA) that
+def kernel_on(device):
+    """True where forward runs a rule's Triton kernel (Attention.path_name): a device in KERNEL_DEVICES (CUDA) that
     triton runs on. Elsewhere the rule's math path computes the same function."""
-    return x.device.type in KERNEL_DEVICES and triton_runs_on(x.device)
+    return device.type in KERNEL_DEVICES and triton_runs_on(device)
 
 
 def bh_t_strides(x):  # (B, H, T, n) with unit last stride -> its (batch, head, position) strides

@@ -11,7 +11,6 @@ from machinery.band import band_keys, band_layout, band_queries, band_strip, ban
 from machinery.caches import KVCache
 from machinery.krause_kernel import krause_band_attention
 from machinery.masks import band_mask, block_mask, dense_mask, run_flex
-from machinery.triton_available import kernel_on
 
 
 @dataclass
@@ -37,7 +36,7 @@ class KrauseAttention(Attention):
     (65 tokens) on every pair, as the official code computes it (`attend_dense`, also bench.py's reference).
     With mix=True, build_attention makes the paper's LM form: a softmax branch beside it (MixAttention).
     """
-    has_bidirectional_form, has_cache, has_flex, fused = True, True, True, True  # fused: the Triton band kernel
+    has_bidirectional_form, has_cache, has_flex = True, True, True
     Config = KrauseConfig
 
     def __init__(self, config, layer_idx):
@@ -60,6 +59,7 @@ class KrauseAttention(Attention):
         if config.causal:  # N_i: the last W keys
             self.krause_window, self.topk, self.grid = W, k, None
             self.mask_mod = sliding_window_mask(W)
+            self.has_kernel = True  # the band's Triton kernel (the ViT's grid has none)
         else:  # N_i: the patch grid's neighbourhood, k growing over depth
             self.topk = krause_topk_schedule(k, config.n_layer)[layer_idx]
             self.grid = (grid_size, config.krause_radius, config.krause_metric)
@@ -74,12 +74,16 @@ class KrauseAttention(Attention):
                                            lambda s: band_strip(s, W))   # (B, H, n, tile, tile+lookback)
         return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
 
-    def attend_fused(self, q, k, v):
-        """The GPT's band as one Triton kernel on CUDA (machinery/krause_kernel.py: the top k by an exact selection in
-        registers, flash-style backward); the math path elsewhere, for the ViT, and with dropout on the weights."""
-        if self.grid or not kernel_on(q) or (self.training and self.dropout):
-            return self.attend(q, k, v)
+    def attend_kernel(self, q, k, v):
+        """The GPT's band as one Triton kernel (machinery/krause_kernel.py: the top k by an exact selection in
+        registers, flash-style backward), what forward runs on CUDA. Like flex, it drops no weights (describe_path
+        says so where dropout is set); the residual dropout in `out` applies."""
         return krause_band_attention(q, k, v, self.log_sigma, self.krause_window, self.topk)
+
+    def describe_path(self, device):
+        path = super().describe_path(device)
+        dropped = self.dropout and self.path_name(device) in ('kernel', 'flex')
+        return f"{path} (no dropout on the weights)" if dropped else path
 
     def inv_var(self):
         return torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head, (1, H, 1, 1)

@@ -148,8 +148,9 @@ class LongformerAttention(Attention):
         if not self.n_global:
             return super().attention_weights(*tensors)
         q, k, v, qg, kg, vg = tensors
-        local = weights_of_linear_map(lambda *qkv: self.path()(*qkv, qg, kg, vg), q, k, v)
-        rows = weights_of_linear_map(lambda *global_qkv: self.path()(q, k, v, *global_qkv), qg, kg, vg)
+        path = self.path(q.device, flex=False)
+        local = weights_of_linear_map(lambda *qkv: path(*qkv, qg, kg, vg), q, k, v)
+        rows = weights_of_linear_map(lambda *global_qkv: path(q, k, v, *global_qkv), qg, kg, vg)
         G = min(self.n_global, q.size(2))
         return torch.cat([rows[:, :, :G], local[:, :, G:]], 2)
 

@@ -23,7 +23,7 @@ class MixAttention(Attention):
     so the pair holds one softmax layer's attention parameters, plus the gate and the rule's own: the parameter-
     matched form of a comparison with softmax. Otherwise H' = H and the pair holds twice softmax's.
     """
-    has_cache, has_flex, fused = True, True, True  # has_*: where the rule's branch has them too (set below)
+    has_cache, has_flex, fused, has_kernel = True, True, True, True  # has_*: where the rule's branch has them (below)
     projections = None  # each branch brings its own
 
     def __init__(self, config, layer_idx):
@@ -38,7 +38,7 @@ class MixAttention(Attention):
             for layer in (self.softmax, self.rule):
                 layer.c_attn = nn.Linear(config.n_embd, layer.c_attn.out_features, bias=config.bias)
                 layer.c_proj = nn.Linear(layer.c_proj.in_features, config.n_embd, bias=config.bias)
-        self.has_cache, self.has_flex = self.rule.has_cache, self.rule.has_flex
+        self.has_cache, self.has_flex, self.has_kernel = self.rule.has_cache, self.rule.has_flex, self.rule.has_kernel
         self.gate = nn.Linear(2 * config.n_embd, 2)
         if self.rule.weights_note:  # analyze.py: the mix is then no distribution either
             self.weights_note = self.rule.weights_note
@@ -69,14 +69,21 @@ class MixAttention(Attention):
     def attend(self, q, k, v, *rule_tensors):
         return torch.cat([self.softmax.attend(q, k, v), self.rule.attend(*rule_tensors)], -1)
 
-    def attend_fused(self, q, k, v, *rule_tensors):  # each branch as forward would run it alone
-        return torch.cat([self.softmax.attend_fused(q, k, v), self.rule.path()(*rule_tensors)], -1)
+    def attend_fused(self, q, k, v, *rule_tensors):  # the softmax branch on SDPA, the rule's on its own SDPA or math
+        rule = self.rule.attend_fused if self.rule.fused else self.rule.attend
+        return torch.cat([self.softmax.attend_fused(q, k, v), rule(*rule_tensors)], -1)
+
+    def attend_kernel(self, q, k, v, *rule_tensors):  # the softmax branch on SDPA (flash), the rule's on its kernel
+        return torch.cat([self.softmax.attend_fused(q, k, v), self.rule.attend_kernel(*rule_tensors)], -1)
 
     def attend_flex(self, q, k, v, *rule_tensors, masks=None):  # the softmax branch through SDPA: flash on a GPU
         return torch.cat([self.softmax.attend_fused(q, k, v), self.rule.attend_flex(*rule_tensors, masks=masks)], -1)
 
     def flex_masks(self, T, device):  # the rule's: the softmax branch runs SDPA
         return self.rule.flex_masks(T, device)
+
+    def describe_path(self, device):  # the rule's branch beside the softmax branch: "Triton kernel beside SDPA"
+        return f"{self.rule.describe_path(device)} beside SDPA"
 
     def new_cache(self):  # the softmax branch's (every key unless `window`: grows) beside the rule's own
         return CacheGroup(self.softmax.new_cache(), self.rule.new_cache())
@@ -105,7 +112,9 @@ class MixAttention(Attention):
         """For analysis (short T, eval mode): (W_softmax, W_rule) (B, H, T, T), each branch's own attention_weights,
         and the gates g (B, T, 2) from the two branches' outputs, from what project returns."""
         q, k, v, *rule_tensors = tensors
-        g = self.gates(self.softmax.out(self.softmax.path()(q, k, v)), self.rule.out(self.rule.path()(*rule_tensors)))
+        device = q.device
+        g = self.gates(self.softmax.out(self.softmax.path(device, flex=False)(q, k, v)),
+                       self.rule.out(self.rule.path(device, flex=False)(*rule_tensors)))
         return self.softmax.attention_weights(q, k, v), self.rule.attention_weights(*rule_tensors), g
 
     def attention_weights(self, *tensors):

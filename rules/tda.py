@@ -13,7 +13,6 @@ from machinery.heads import split_heads
 from machinery.masks import run_flex
 from machinery.rope import Rotary
 from machinery.tda_kernel import tda_attention
-from machinery.triton_available import kernel_on
 
 
 @dataclass
@@ -43,11 +42,11 @@ class ThresholdDifferentialAttention(Attention):
     view 1 only (TRA). The views are full width (d = D, c_attn 5C) or, with tda_matched, the two halves of one q
     and k per head (d = D/2, c_attn 3C: softmax's parameters, as Diff's views are), each half rotated by RoPE as a
     head of D/2; v is D wide either way. Math path: queries in tiles of tile_weights // T, each recomputed in
-    backward, so memory is linear in T. Fused path, what forward runs on CUDA: the Triton kernel in
+    backward, so memory is linear in T. Kernel path, what forward runs on CUDA: the Triton kernel in
     machinery/tda_kernel.py. Flex path: one call, both views on the head axis, τ through the queries (derivation:
     docs/rules.md#tda). No attention-weight dropout on any path.
     """
-    has_bidirectional_form, has_cache, has_flex, fused = True, True, True, True  # fused: the Triton kernel
+    has_bidirectional_form, has_cache, has_flex, has_kernel = True, True, True, True
     projections = ('q1', 'k1', 'q2', 'k2', 'v')
     weights_note = "a1 - lam*a2: signed, rows not summing to 1, and the per-head RMSNorm after W v rescales each row"
     Config, reads = TDAConfig, ('tile_weights',)
@@ -91,12 +90,10 @@ class ThresholdDifferentialAttention(Attention):
         tile_output = lambda start, end, n_keys: self.weights_in_tile(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
         return self.head_norm(tile_queries(tile_output, T, self.tile_weights, self.causal))  # (B, H, T, D)
 
-    def attend_fused(self, *tensors):
-        """The sum over keys as one Triton kernel on CUDA (machinery/tda_kernel.py: relu(s - τ)^p times v in one pass,
-        no softmax statistics, a backward that recomputes the scores); the math path elsewhere."""
+    def attend_kernel(self, *tensors):
+        """The sum over keys as one Triton kernel (machinery/tda_kernel.py: relu(s - τ)^p times v in one pass, no
+        softmax statistics, a backward that recomputes the scores), what forward runs on CUDA."""
         qk, v = self.split_views(tensors)
-        if not kernel_on(v):
-            return self.attend(*tensors)
         q1, k1, q2, k2 = [F.normalize(t, dim=-1) for t in qk] + [None] * (4 - len(qk))
         lam = torch.sigmoid(self.lambda_logit) if self.two_views else None
         y = tda_attention(q1, k1, q2, k2, v, self.threshold(v.size(2), v.device), lam, self.p, self.causal)

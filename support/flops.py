@@ -1,8 +1,8 @@
 """
 Attention FLOPs per token: what a rule's path computes, counted by PyTorch, beside what its formula needs.
 
-  counted  torch.utils.flop_counter.FlopCounterMode around one layer's path as forward runs it on `device` (attend_flex
-           where the layer uses flex there, else attn.path(): SDPA or the math path), on one sequence of T tokens,
+  counted  torch.utils.flop_counter.FlopCounterMode around one layer's path as forward runs it on `device` (attn.path:
+           flex, SDPA or the math path; for a Triton kernel, the math path's products), on one sequence of T tokens,
            divided by T. It counts matrix products only, 2 FLOPs a multiply-add (softmax, exp, norms and other
            elementwise work are not counted), and an SDPA call as the whole T×T product whatever its mask (PyTorch's
            formula, here also for the CPU's kernel). The projections (c_attn, c_proj) are not in it.
@@ -44,11 +44,13 @@ CPU_SDPA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_sdpa
 @torch.no_grad()
 def counted_flops(attn, T, device='cpu'):
     """FLOPs per token of one layer's path at T tokens (one sequence), as FlopCounterMode counts them: the path
-    forward runs on `device` (attend_flex where the layer uses flex there, else attn.path())."""
+    forward runs on `device` (attn.path; a Triton kernel's counted as the math path's)."""
     param = next(attn.parameters())
     x = torch.randn(1, T, attn.n_head * attn.head_dim, dtype=param.dtype, device=device)
     tensors = attn.project(x)
-    path = attn.attend_flex if attn.uses_flex(torch.device(device)) else attn.path()
+    path = attn.path(device)
+    if attn.path_name(device) == 'kernel':  # a Triton kernel is no aten op FlopCounterMode sees: the same products
+        path = attn.attend                    # as the math path's
     with FlopCounterMode(display=False, custom_mapping=CPU_SDPA) as counter:
         path(*tensors)
     return counter.get_total_flops() / T

@@ -41,7 +41,7 @@ def test_every_rule_is_project_attend_out(kw):
     assert all(t.shape[:3] == (2, heads, 65) for t in tensors)
     if attn.projections is not None:
         assert len(tensors) == len(attn.projections)
-    y = attn.path()(*tensors)  # what forward runs: attend, or the rule's fused path (the same function)
+    y = attn.path(x.device)(*tensors)  # what forward runs here: attend, or SDPA (the same function)
     assert y.shape[:3] == (2, heads, 65)
     torch.testing.assert_close(attn(x), attn.out(y), atol=0, rtol=0)
     torch.testing.assert_close(attn.attend(*tensors), y, atol=1e-12, rtol=1e-12)
@@ -169,7 +169,8 @@ def test_bench_times_the_krause_mix_form():
     out = run_script('bench.py', '--attention=krause', '--mix=True', '--seq_lens=96', '--repeats=1',
                      '--n_embd=64', '--n_head=2', '--krause_window=16', '--krause_topk=8', '--json')
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
-    assert [(r['attention'], r['path'], r['T']) for r in rows] == [('softmax', 'sdpa', 96), ('krause', 'math', 96)]
+    # the mix's path on the CPU: 'fused' (Attention.path_name), its softmax branch on SDPA beside Krause's math path
+    assert [(r['attention'], r['path'], r['T']) for r in rows] == [('softmax', 'sdpa', 96), ('krause', 'fused', 96)]
     assert rows[1]['ms'] > 0
 
 
