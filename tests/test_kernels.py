@@ -21,8 +21,9 @@ T = 150  # no multiple of any block
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """The rules' attend_fused on their kernels here too (the CPU through the interpreter: KERNEL_DEVICES), each call
-    of a kernel counted, so that a comparison cannot pass by falling back to the math path."""
+    """Forward's path (Attention.path) on the rules' kernels here too (the CPU through the interpreter:
+    KERNEL_DEVICES), each call of a kernel counted, so that a comparison cannot pass by falling back to the math
+    path."""
     import machinery.triton_available as available
     monkeypatch.setattr(available, 'KERNEL_DEVICES', ('cuda', 'cpu'))
     calls = []
@@ -88,7 +89,7 @@ def test_tda_kernel_equals_math(causal, differential, matched, p, tda_backward, 
     weights = attn.attention_weights(*tensors)
     visible = torch.ones(T, T, device=DEVICE).tril().bool() if causal else torch.ones(T, T, device=DEVICE).bool()
     assert 0.2 < (weights == 0)[..., visible].float().mean().item() < 0.99  # weights that pass and that do not
-    compare(attn, attn.attend_fused, tensors, attn.projections)
+    compare(attn, attn.path(DEVICE), tensors, attn.projections)
     assert kernel_calls == ['tda_attention']
 
 
@@ -102,7 +103,7 @@ def test_tda_kernel_skips_a_key_block_without_survivors(skip, monkeypatch, tda_b
     tensors = tda_inputs(attn)
     for i in (1, 3):  # k1, k2
         tensors[i][:, :, 64:128] = 0
-    compare(attn, attn.attend_fused, tensors, attn.projections)
+    compare(attn, attn.path(DEVICE), tensors, attn.projections)
     assert kernel_calls
 
 
@@ -125,19 +126,7 @@ def krause_inputs(seed=0):
 def test_krause_kernel_equals_math(W, topk, kernel_calls):
     attn = krause_module(W, topk)
     # scores of tens (σ = 0.7): float32 rounds them by ~1e-6, which exp carries into every output and gradient
-    compare(attn, attn.attend_fused, krause_inputs(), 'qkv', tolerance=1e-4)
-    assert kernel_calls
-
-
-def test_krause_kernel_keeps_every_key_tied_at_the_kth(kernel_calls):
-    """Keys 40..89 identical: their scores tie exactly, at and around each row's k-th, and the rows keep every tied
-    key (the math path's boundary halfway between the k-th and the (k+1)-th: >= keeps the tie)."""
-    attn = krause_module(32, 16)
-    q, k, v = krause_inputs()
-    k[:, :, 40:90] = k[:, :, 40:41]
-    scores = attn.scores(q, k)[..., 89, 58:90]  # row 89's window: 32 keys, all tied
-    assert (scores == scores[..., :1]).all()
-    compare(attn, attn.attend_fused, [q, k, v], 'qkv', tolerance=1e-4)
+    compare(attn, attn.path(DEVICE), krause_inputs(), 'qkv', tolerance=1e-4)
     assert kernel_calls
 
 
@@ -153,7 +142,7 @@ def test_the_mix_forms_rule_branch_runs_its_kernel(rule, kernel_calls):
             attn.rule.log_sigma.copy_(torch.log(torch.tensor([0.7, 1.3])))
     names = ['q', 'k', 'v', *(f"rule's {n}" for n in (attn.rule.projections or 'qkv'))]
     tensors = krause_inputs() + (krause_inputs(1) if rule == 'krause' else tda_inputs(attn.rule, 1))
-    compare(attn, attn.attend_fused, tensors, names, tolerance=1e-4)
+    compare(attn, attn.path(DEVICE), tensors, names, tolerance=1e-4)
     assert kernel_calls == [f"{'krause_band' if rule == 'krause' else 'tda'}_attention"]
 
 
@@ -173,7 +162,21 @@ def test_krause_kernel_selects_exactly_at_any_scale(scale, kernel_calls):
     """Scores crowded near 0 (~1e-4) or spread over hundreds, ties abounding: the kernel keeps exactly the math
     path's keys, so the outputs and gradients agree to float32's rounding of exp."""
     attn, tensors = whole_number_krause(scale)
-    compare(attn, attn.attend_fused, tensors, 'qkv', tolerance=1e-4)
+    compare(attn, attn.path(DEVICE), tensors, 'qkv', tolerance=1e-4)
+    assert kernel_calls
+
+
+def test_krause_kernel_keeps_every_key_tied_at_the_kth(kernel_calls):
+    """Keys 40..89 identical: their scores tie exactly, at and around each row's k-th, and the rows keep every tied
+    key (the math path's boundary halfway between the k-th and the (k+1)-th: >= keeps the tie). Whole-number q and
+    k (whole_number_krause), so the tie is one inside the kernel too: identical random-float keys' dot products round
+    differently by the key's place in the tile where the interpreter's tl.dot runs on numpy's BLAS (OpenBLAS's
+    Haswell kernels), and the tie breaks in the last bit."""
+    attn, (q, k, v) = whole_number_krause(2.0 ** -2)  # (1, 2, T, 16) each; scores of a few units, not tens
+    k[:, :, 40:90] = k[:, :, 40:41]  # the tied keys carry most of rows 40..89's weight
+    scores = attn.scores(q, k)[..., 89, 58:90]  # row 89's window: 32 keys, all tied
+    assert (scores == scores[..., :1]).all()
+    compare(attn, attn.path(DEVICE), [q, k, v], 'qkv', tolerance=1e-4)
     assert kernel_calls
 
 
