@@ -37,15 +37,15 @@ else
     step tests 200 python -m pytest -q "${TESTS[@]}" &
 fi
 
-# 2. the paper configs, off flex (the configs' flex=True would take flex_attention) and without dropout (Krause's
-# kernel has none: with it the math path runs); local text only, as a lent GPU has no network
+# 2. the paper configs as they are (their forward path on CUDA: the Triton kernel), 2 layers, on local text only,
+# as a lent GPU has no network
 SOURCE=$(realpath -m ../shared/data/tinyshakespeare/input.txt)
 if [ ! -f "$SOURCE" ]; then
     SOURCE=$LOG/text.txt
     cat ./*.py docs/*.md > "$SOURCE"
     echo "no ../shared/data here: the train runs read this repo's own text ($(wc -c < "$SOURCE") characters)"
 fi
-TRAIN=(--dataset=shakespeare_char "--data_source=$SOURCE" --compile=True --flex=False --dropout=0.0 --n_layer=2
+TRAIN=(--dataset=shakespeare_char "--data_source=$SOURCE" --compile=True --n_layer=2
        --batch_size=8 --gradient_accumulation_steps=1 --max_iters=10 --eval_interval=10 --eval_iters=2
        --log_interval=1 --warmup_iters=2 --lr_decay_iters=10 --hellaswag=False)
 [ -n "${GPU_CHECK_CPU:-}" ] && TRAIN+=(--device=cpu --block_size=256 --batch_size=2 --max_iters=2 --eval_interval=2
