@@ -174,7 +174,10 @@ def kernel_case_id(case):
 def test_kernel_equals_math_forward_and_backward(case, dtype):
     """The kernel on float32 or bfloat16 inputs against the math path in float64 on the same (rounded) inputs: the
     output and every gradient, each error relative to the largest value. bfloat16: the weights enter the value
-    product (and the gradients' products) in bfloat16, as flash's do, so about its rounding (2^-8) is allowed."""
+    product (and the gradients' products) in bfloat16, as flash's do, so about its rounding (2^-8) is allowed, and
+    where PyTorch's own bfloat16 does worse (the scalar parameters' gradients, sums of many signed terms: the math
+    path under the same autocast reaches 3.5e-2 on log σ at W=256 k=192, D=128), twice its error, flash-attention's
+    rule for a kernel's tolerance."""
     kw, T, D = case
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
@@ -188,21 +191,30 @@ def test_kernel_equals_math_forward_and_backward(case, dtype):
         tensors = [t.to(getattr(torch, dtype)) for t in attn.project(torch.randn(B, T, cfg.n_embd, device='cuda'))]
     ambiguous = ambiguous_topk_rows(attn, [t.double() for t in tensors])  # (B, H, T): left out, as in the flex test
     grad_y = torch.randn(B, H, T, D, device='cuda').masked_fill(ambiguous[..., None], 0)
+    assert attn.path_name('cuda') == 'kernel'
     with torch.autocast('cuda', torch.bfloat16, enabled=dtype == 'bfloat16'):  # as training runs it
-        result = run(attn, attn.attend_fused, tensors, grad_y)  # forward's path on CUDA: the kernel
+        result = run(attn, attn.path('cuda'), tensors, grad_y)  # forward's path on CUDA: the kernel
+        pytorch = run(attn, attn.attend, tensors, grad_y)      # the math path, rounded the same way
     attn.double()
     reference = run(attn, attn.attend, [t.double() for t in tensors], grad_y)
     names = ['y'] + [f'grad input {i}' for i in range(len(tensors))] + \
         [f'grad {n}' for n, _ in attn.named_parameters() if not any(s in n for s in ('c_attn', 'c_proj', 'gate'))]
+    errors, pytorch_errors = (relative_errors(names, r, reference, ambiguous) for r in (result, pytorch))
+    print(f"\n{kernel_case_id(case)} {dtype}: {ambiguous.sum().item()} ambiguous top-k rows; max error / max |value| "
+          f"vs float64 math, the kernel's:", {n: f'{e:.1e}' for n, e in errors.items()},
+          "the math path's:", {n: f'{e:.1e}' for n, e in pytorch_errors.items()})
+    for name, error in errors.items():
+        tolerance = 1e-3 if dtype == 'float32' else max(3e-2, 2 * pytorch_errors[name])
+        assert error < tolerance, f"kernel {name}: error {error:.2e} (the math path's: {pytorch_errors[name]:.2e})"
+
+
+def relative_errors(names, result, reference, ambiguous):
+    """{name: max |result - reference| / max |reference|}, the output's ambiguous top-k rows left out."""
     errors = {}
     for name, r, m in zip(names, result, reference):
-        assert r is not None, f"no {name} from the kernel"
+        assert r is not None, f"no {name} from the path"
         r, m = r.double(), m.double()
         if name == 'y':
             r, m = (x.masked_fill(ambiguous[..., None], 0) for x in (r, m))
         errors[name] = ((r - m).abs().max() / m.abs().max().clamp_min(1e-12)).item()
-    print(f"\n{kernel_case_id(case)} {dtype}: {ambiguous.sum().item()} ambiguous top-k rows; max error / max |value| "
-          f"vs float64 math:", {n: f'{e:.1e}' for n, e in errors.items()})
-    tolerance = 1e-3 if dtype == 'float32' else 3e-2
-    for name, error in errors.items():
-        assert error < tolerance, f"kernel {name}: error {error:.2e}"
+    return errors

@@ -7,6 +7,8 @@ kernel is defined); on a GPU, compiled (tests/test_gpu.py adds bfloat16 and long
 import pytest
 import torch
 
+from conftest import ROOT
+
 import rules.krause
 import rules.tda
 from machinery.triton_available import triton, triton_runs_on
@@ -192,3 +194,21 @@ def test_krause_kernel_boundaries_are_the_math_paths(scale):
     expected = attn.topk_boundaries(q, k, attn.neighbours(T, q.device))
     assert (expected > float('-inf')).sum() > 0 and (expected == float('-inf')).sum() > 0  # rows of both kinds
     assert torch.equal(boundary, expected)
+
+
+@pytest.mark.parametrize('config,expected', [('krause_gpt', 'krause (mix), Triton kernel (no dropout on the weights) '
+                                                            'beside SDPA'),
+                                             ('tda_gpt', 'tda, Triton kernel')])
+def test_the_paper_configs_run_their_kernels_on_cuda(config, expected, monkeypatch):
+    """What train.py's start-up line says on CUDA (compiled triton, no interpreter) for each paper config as it is, at
+    one layer: the kernel, not flex and not the math path."""
+    import machinery.triton_available as available
+    from model import GPT, GPTConfig, attention_paths
+    from support.runtime import dataclass_values
+    monkeypatch.setattr(available, 'INTERPRETED', False)  # as on a GPU: compiled kernels
+    path = ROOT / 'config' / f'{config}.py'
+    settings = {'__file__': str(path)}
+    exec(path.read_text(), settings)
+    model = GPT(GPTConfig(**{**dataclass_values(GPTConfig, settings), 'n_layer': 1, 'vocab_size': 64}))
+    assert attention_paths(model, 'cuda') == expected
+    assert attention_paths(model, 'cpu').endswith('math path beside SDPA' if config == 'krause_gpt' else 'math path')
