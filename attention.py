@@ -26,9 +26,6 @@ from machinery.triton_available import kernel_on
 # -----------------------------------------------------------------------------
 # the frame
 
-PATHS = {'flex': 'attend_flex', 'kernel': 'attend_kernel', 'fused': 'attend_fused', 'math': 'attend'}
-PATH_LABELS = {'flex': 'flex_attention', 'kernel': 'Triton kernel', 'fused': 'SDPA', 'math': 'math path'}
-
 class Attention(nn.Module):
     """
     The frame every rule shares: forward(x) = out(attend(*project(x))).
@@ -48,8 +45,7 @@ class Attention(nn.Module):
     has_cache = False               # new_cache / fill / decode: GPT.generate(use_cache=True)
     has_flex = False                # attend_flex: the same function through flex_attention (flex=True on CUDA)
     fused = False                   # attend_fused: the same function through SDPA (flash on a GPU)
-    has_kernel = False              # attend_kernel: the same function as the rule's own Triton kernel
-                                    # (machinery/*_kernel.py), forward's path on CUDA unless flex=True
+    has_kernel = False              # attend_kernel: the same function as a Triton kernel (machinery/, CUDA)
     # what the rest of the code reads, on Attention instances only
     projections = ('q', 'k', 'v')   # what project returns, in order; None: the rule brings its own projections
     no_decay = ()                   # names of parameters AdamW must not decay (model.configure_adamw)
@@ -93,33 +89,10 @@ class Attention(nn.Module):
             if x.size(1) != 1:
                 raise ValueError(f"a filled cache takes one token at a time, got {x.size(1)}; prefill a new cache")
             return self.out(self.decode(*tensors, cache=cache))
-        name = self.path_name(x.device)
-        path = getattr(self, PATHS[name])
-        y = path(*tensors, masks=masks) if name == 'flex' else path(*tensors)
+        y = self.attend_flex(*tensors, masks=masks) if self.path_name(x.device) == 'flex' else self.path(x.device)(*tensors)
         if cache is not None:  # prefill: the prompt computed as in training, then its state into the cache
             self.fill(cache, *tensors)
         return self.out(y)
-
-    def path_name(self, device, flex=True):
-        """The one place forward's path is chosen, each the same function: 'flex' (attend_flex) where flex=True on
-        a device in FLEX_DEVICES (CUDA; the tests add the CPU); else 'kernel' (attend_kernel) where the rule has a
-        Triton kernel and triton runs on the device (kernel_on: CUDA); else 'fused' (attend_fused, SDPA) where the
-        rule has it; else 'math' (attend). flex=False: the choice off flex (analysis probes the weights there)."""
-        device = torch.device(device)
-        if flex and self.flex and device.type in FLEX_DEVICES:
-            return 'flex'
-        if self.has_kernel and kernel_on(device):
-            return 'kernel'
-        return 'fused' if self.fused else 'math'
-
-    def path(self, device, flex=True):  # the method path_name chooses
-        return getattr(self, PATHS[self.path_name(device, flex)])
-
-    def uses_flex(self, device):
-        return self.path_name(device) == 'flex'
-
-    def describe_path(self, device):  # what forward runs on `device`, for a start-up line: "Triton kernel"
-        return PATH_LABELS[self.path_name(device)]
 
     def project(self, x, offset=0):  # offset: the absolute position of x's first token (generation)
         tensors = [split_heads(t, self.n_head) for t in self.c_attn(x).chunk(len(self.projections), dim=2)]
@@ -133,11 +106,19 @@ class Attention(nn.Module):
     def out(self, y):
         return self.resid_dropout(self.c_proj(merge_heads(y)))
 
+    def path_name(self, device, flex=True):
+        """The one place forward's path is chosen: 'flex' where flex=True on FLEX_DEVICES (CUDA), else 'kernel' where
+        the rule's Triton kernel runs (kernel_on: CUDA), else 'fused' (SDPA) where it has one, else 'math' (attend)."""
+        if flex and self.flex and torch.device(device).type in FLEX_DEVICES:
+            return 'flex'
+        return 'kernel' if self.has_kernel and kernel_on(device) else 'fused' if self.fused else 'math'
+
+    def path(self, device, flex=True):  # the method path_name names; flex=False: off flex (analysis probes there)
+        name = self.path_name(device, flex)
+        return self.attend if name == 'math' else getattr(self, f'attend_{name}')
+
     def attend_flex(self, *tensors, masks=None):  # has_flex: the same function as attend, through flex_attention
         raise NotImplementedError(f"{type(self).__name__} has no flex path; set flex=False")
-
-    def attend_kernel(self, *tensors):  # has_kernel: the same function as attend, as the rule's Triton kernel
-        raise NotImplementedError(f"{type(self).__name__} has no Triton kernel")
 
     def flex_masks(self, T, device):
         """What attend_flex needs that depends only on the shape (a BlockMask; Krause adds its pre-pass's mask), each

@@ -130,11 +130,22 @@ def attention_layers(model):
     return [m for m in model.modules() if isinstance(m, Attention)]
 
 
+PATH_LABELS = dict(flex='flex_attention', kernel='Triton kernel', fused='SDPA', math='math path')
+
+
 def attention_paths(model, device):
     """What forward runs in the model's attention layers on `device` (Attention.path_name), for a start-up line:
-    'krause, Triton kernel'; the mix form 'krause (mix), Triton kernel beside SDPA'; layers that differ, each once."""
+    'tda, Triton kernel'; the mix form 'krause (mix), Triton kernel beside SDPA' (its rule's branch, then its
+    softmax's); layers that differ, each once. Neither a kernel nor flex drops attention weights: said if dropout."""
+    def label(attn):
+        if isinstance(attn, MixAttention):
+            return f"{label(attn.rule)} beside SDPA"
+        name = attn.path_name(device)
+        dropped = attn.dropout and name in ('kernel', 'flex')
+        return PATH_LABELS[name] + (' (no dropout on the weights)' if dropped else '')
+
     config = model.config
-    paths = dict.fromkeys(m.attn.describe_path(device) for m in model.modules() if isinstance(m, Block))
+    paths = dict.fromkeys(label(m.attn) for m in model.modules() if isinstance(m, Block))
     return f"{config.attention}{' (mix)' if config.mix else ''}, {'; '.join(paths)}"
 
 

@@ -208,13 +208,12 @@ with one_line_errors():
         base = None  # free memory
 if checkpoint is not None:
     model.load_state_dict(checkpoint['model'])
+model.to(device)
+raw_model = model  # unwrapped: what is saved and what estimate_mfu asks
 if master_process:
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}, trained: {trained:,}"
           + (f" (fine-tuning {base_name})" if base_name else ''))
-model.to(device)
-raw_model = model  # unwrapped: what is saved and what estimate_mfu asks
-if master_process:
     print(f"attention: {attention_paths(model, device)}")  # the path forward runs: kernel, flex, SDPA or math
 
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))

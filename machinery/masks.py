@@ -25,9 +25,9 @@ def block_mask(mask_mod, T, device):
 def build_flex_masks(layers, T, device):
     """Each layer's flex_masks for T tokens (attention modules, in order), or None where no layer runs flex. A model
     calls it once per forward and hands each layer its own: built once per shape, whatever the layers and calls."""
-    if not any(attn.uses_flex(device) for attn in layers):
+    if not any(attn.path_name(device) == 'flex' for attn in layers):
         return None
-    return [attn.flex_masks(T, device) if attn.uses_flex(device) else None for attn in layers]
+    return [attn.flex_masks(T, device) if attn.path_name(device) == 'flex' else None for attn in layers]
 
 
 @lru_cache(maxsize=64)
@@ -44,7 +44,7 @@ def batch_and_head(device):  # b = h = 0 for a mask_mod off flex: or_masks / and
     return zero, zero
 
 
-FLEX_DEVICES = ('cuda',)  # where flex=True runs attend_flex (Attention.uses_flex); elsewhere SDPA or the math path
+FLEX_DEVICES = ('cuda',)  # where flex=True runs attend_flex (Attention.path_name); elsewhere SDPA or the math path
 
 
 def run_flex(q, k, v, **kwargs):

@@ -62,7 +62,7 @@ KERNEL_DEVICES = ('cuda',)  # where forward takes a rule's Triton kernel (kernel
 def kernel_on(device):
     """True where forward runs a rule's Triton kernel (Attention.path_name): a device in KERNEL_DEVICES (CUDA) that
     triton runs on. Elsewhere the rule's math path computes the same function."""
-    return device.type in KERNEL_DEVICES and triton_runs_on(device)
+    return torch.device(device).type in KERNEL_DEVICES and triton_runs_on(device)
 
 
 def bh_t_strides(x):  # (B, H, T, n) with unit last stride -> its (batch, head, position) strides

@@ -76,14 +76,9 @@ class KrauseAttention(Attention):
 
     def attend_kernel(self, q, k, v):
         """The GPT's band as one Triton kernel (machinery/krause_kernel.py: the top k by an exact selection in
-        registers, flash-style backward), what forward runs on CUDA. Like flex, it drops no weights (describe_path
-        says so where dropout is set); the residual dropout in `out` applies."""
+        registers, flash-style backward), what forward runs on CUDA. Like flex, it drops no weights (train.py's start-up
+        line says so where dropout is set); the residual dropout in `out` applies."""
         return krause_band_attention(q, k, v, self.log_sigma, self.krause_window, self.topk)
-
-    def describe_path(self, device):
-        path = super().describe_path(device)
-        dropped = self.dropout and self.path_name(device) in ('kernel', 'flex')
-        return f"{path} (no dropout on the weights)" if dropped else path
 
     def inv_var(self):
         return torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head, (1, H, 1, 1)

@@ -82,9 +82,6 @@ class MixAttention(Attention):
     def flex_masks(self, T, device):  # the rule's: the softmax branch runs SDPA
         return self.rule.flex_masks(T, device)
 
-    def describe_path(self, device):  # the rule's branch beside the softmax branch: "Triton kernel beside SDPA"
-        return f"{self.rule.describe_path(device)} beside SDPA"
-
     def new_cache(self):  # the softmax branch's (every key unless `window`: grows) beside the rule's own
         return CacheGroup(self.softmax.new_cache(), self.rule.new_cache())
 

@@ -174,10 +174,11 @@ def kernel_case_id(case):
 def test_kernel_equals_math_forward_and_backward(case, dtype):
     """The kernel on float32 or bfloat16 inputs against the math path in float64 on the same (rounded) inputs: the
     output and every gradient, each error relative to the largest value. bfloat16: the weights enter the value
-    product (and the gradients' products) in bfloat16, as flash's do, so about its rounding (2^-8) is allowed, and
-    where PyTorch's own bfloat16 does worse (the scalar parameters' gradients, sums of many signed terms: the math
-    path under the same autocast reaches 3.5e-2 on log σ at W=256 k=192, D=128), twice its error, flash-attention's
-    rule for a kernel's tolerance."""
+    product (and the gradients' products) in bfloat16, as flash's do, so about its rounding (2^-8) is allowed; the
+    rule's own parameters' gradients are sums over every row of signed terms (dy·y enters them from the bfloat16
+    output, as in flash's backward), where PyTorch's own bfloat16 does worse (the math path under the same autocast:
+    3.5e-2 on log σ at W=256 k=192 D=128, 3.2e-2 on log β at β=0.5 λ=0.3, on the CPU), so there twice the math path's
+    error is allowed, flash-attention's rule for a kernel's tolerance."""
     kw, T, D = case
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
@@ -204,7 +205,8 @@ def test_kernel_equals_math_forward_and_backward(case, dtype):
           f"vs float64 math, the kernel's:", {n: f'{e:.1e}' for n, e in errors.items()},
           "the math path's:", {n: f'{e:.1e}' for n, e in pytorch_errors.items()})
     for name, error in errors.items():
-        tolerance = 1e-3 if dtype == 'float32' else max(3e-2, 2 * pytorch_errors[name])
+        own = name.startswith('grad ') and not name.startswith('grad input')  # the rule's own parameters'
+        tolerance = 1e-3 if dtype == 'float32' else max(3e-2, 2 * pytorch_errors[name] if own else 0)
         assert error < tolerance, f"kernel {name}: error {error:.2e} (the math path's: {pytorch_errors[name]:.2e})"
 
 
