@@ -2,8 +2,8 @@
 formula in tests/test_krause.py and tests/test_tda.py), in float32: forward and every gradient, at a length that is
 no multiple of the kernels' blocks (T = 150), per-head parameters that differ, and Krause at a tie at the k-th score.
 Without a GPU they run on the CPU through triton's interpreter (TRITON_INTERPRET=1, set in conftest.py before any
-kernel is defined); on a GPU, compiled (tests/test_gpu.py adds bfloat16 and long sequences). Sizes stay tiny
-(B=1, H=2, D=16): the interpreter runs each program in Python."""
+kernel is defined); on a GPU, compiled (tests/test_gpu.py adds long sequences). bfloat16 as tests/test_gpu.py bars
+it, at the end. Sizes stay tiny (B=1, H=2, D=16): the interpreter runs each program in Python."""
 import pytest
 import torch
 
@@ -212,3 +212,14 @@ def test_the_paper_configs_run_their_kernels_on_cuda(config, expected, monkeypat
     model = GPT(GPTConfig(**{**dataclass_values(GPTConfig, settings), 'n_layer': 1, 'vocab_size': 64}))
     assert attention_paths(model, 'cuda') == expected
     assert attention_paths(model, 'cpu').endswith('math path beside SDPA' if config == 'krause_gpt' else 'math path')
+
+
+@pytest.mark.parametrize('kw', [dict(attention='krause', krause_window=32, krause_topk=16),
+                                dict(attention='tda', tda_beta=0.5, tda_lambda=0.3)], ids=['krause', 'tda'])
+def test_the_kernels_in_bfloat16_as_the_gpu_test_bars_them(kw, kernel_calls):
+    """tests/test_gpu.py's bfloat16 case here (the interpreter's tl.dot widening bfloat16 operands to float32, as a
+    GPU's tensor cores take them): each error within bfloat16's rounding of the float64 math path, or twice the math
+    path's own error under the same autocast."""
+    from test_gpu import kernel_against_float64
+    kernel_against_float64(AttentionConfig(n_embd=32, n_head=2, block_size=T, **kw), 1, 'bfloat16', DEVICE, kw)
+    assert kernel_calls
