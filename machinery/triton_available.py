@@ -35,15 +35,14 @@ def patch_interpreter_scalars():
 def patch_interpreter_bf16_dot():
     """Triton 3.6's interpreter holds bfloat16 as uint16, and its tl.dot multiplies those raw bits: bfloat16 operands
     are widened to float32 first here (exactly), as a GPU's tensor cores take them. The compiled path is untouched."""
-    import numpy as np
     from triton.runtime import interpreter
     builder, dot = interpreter.InterpreterBuilder, interpreter.InterpreterBuilder.create_dot
 
     def widened(x):
         if x.dtype.scalar != tl.bfloat16:
             return x
-        return interpreter.TensorHandle(interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)
-                                        .view(np.float32), tl.float32)
+        data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)  # as the interpreter's casts do
+        return interpreter.TensorHandle(data.view(interpreter._get_np_dtype(tl.float32)), tl.float32)
 
     builder.create_dot = lambda self, a, b, d, *rest: dot(self, widened(a), widened(b), d, *rest)
 
