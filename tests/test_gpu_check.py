@@ -43,7 +43,7 @@ TESTS = """ssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssss.
 FAILED tests/test_kernels.py::test_krause_kernel_keeps_every_key_tied_at_the_kth
 1 failed, 30 passed, 68 skipped, 3 warnings in 168.25s (0:02:48)"""
 TRAIN = """tokens per iteration will be: 512
-1,115,394 characters, vocab 65: train 1,003,854 tokens, val 111,540 -> /tmp/gpu_check.jnIDN9/data_krause
+1,115,394 characters, vocab 65: train 1,003,854 tokens, val 111,540 -> $LOG/data_krause
 parameters: 16,006,940, trained: 16,006,940
 step 0: train loss 4.4159, val loss 4.3663
 iter 0: loss 4.4153, time 71453.94ms, 7 tok/s"""
