@@ -25,8 +25,7 @@ $ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_
       --n_head=12 --n_embd=768 --bias=False --batch_size=12 --seq_lens=1024,4096,8192 --profile=True
 --kernel=True adds the rule off flex, its fused path: the Triton kernel on CUDA (machinery/*_kernel.py; Krause's
 band, TDA, the mix's Krause or TDA branch), beside flash and the flex path in the same run; --pace_step=False times
-the attention alone; with --compile=True the attention alone is compiled too. --tda_backward=both times TDA's
-kernel with its one-pass backward and with its two-kernel one, a row each.
+the attention alone; with --compile=True the attention alone is compiled too.
 
 --mode=generate: decoding with the KV cache (GPT.generate). For each context length T, the ms per
 new token of a GPT whose caches hold T tokens, and the MiB those caches hold, for the rule beside
@@ -75,10 +74,7 @@ dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'
 compile = False             # model and pace modes: torch.compile the model (CUDA)
 profile = False             # pace mode: print each case's top operations (torch.profiler)
 kernel = False              # pace mode: also the rule off flex, its Triton kernel on CUDA (triton installed)
-kernel_graph_break = False  # pace mode: the kernels outside the compiled graph (torch.compiler.disable)
 pace_step = True            # pace mode: also the whole GPT train step (False: the attention alone)
-tda_backward = 'one_pass'   # pace mode, TDA's kernel: its backward in 'one_pass', 'two_pass' (two kernels), or
-                            # 'both' (a row each)
 live_memory = False         # CPU: blocks of 64 KiB and up mapped from the start, so a peak is the live tensors',
                             # not the allocator's reuse (slower: compare times only within such a run)
 json_out = False
@@ -90,7 +86,6 @@ exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 MODES = ('attention', 'model', 'pace', 'generate', 'pixels')
 PACE_CPU_RECIPE = '--mode=pace --seq_lens=256,1024 --n_layer=2 --n_head=4 --n_embd=128'  # its defaults are a GPU's
-TDA_BACKWARDS = ('one_pass', 'two_pass', 'both')
 
 
 def check_bench_settings(c):
@@ -106,8 +101,6 @@ def check_bench_settings(c):
     check_distinct('seq_lens', lengths)
     check_ranges(c, at_least_one=('batch_size', 'n_head', 'n_embd', 'n_layer', 'vocab_size',
                                   'decode_tokens', 'repeats'))
-    if c['tda_backward'] not in TDA_BACKWARDS:
-        raise ValueError(f"tda_backward must be one of {', '.join(TDA_BACKWARDS)}; got '{c['tda_backward']}'")
     if c['subpixels'] < 2:
         raise ValueError(f"subpixels={c['subpixels']} must be at least 2 (a first subpixel, then "
                          f"those drawn); pass e.g. --subpixels=3072 (CIFAR-10) or 784 (MNIST)")
@@ -347,21 +340,16 @@ def bench_pace():
     """Per length: flash softmax and the rule (its flex path with flex=True; off flex with kernel=True, its fused path:
     the Triton kernel on CUDA), attention alone and the whole model, in one run; ratios to softmax, each row printed
     as it is measured."""
-    if kernel_graph_break:
-        keep_kernels_out_of_graphs()
     softmax = dict(attention='softmax', window=0, mix=False, flex=False)
     name = attention + ('-mix' if mix else '')
-    paths = [('softmax sdpa', softmax, True)]  # (label, config overrides, TDA's backward in one pass)
+    paths = [('softmax sdpa', softmax)]  # (label, config overrides)
     if flex and is_cuda:
-        paths.append((name + ' flex', {}, True))
+        paths.append((name + ' flex', {}))
     if kernel or not (flex and is_cuda):
-        one_pass = {'one_pass': [True], 'two_pass': [False], 'both': [True, False]}[tda_backward]
-        for variant in one_pass if kernel and attention == 'tda' else [True]:
-            paths.append((name + (' kernel' if kernel else '') + ('' if variant else ' (2-pass bwd)'), dict(flex=False),
-                          variant))
+        paths.append((name + (' kernel' if kernel else ''), dict(flex=False)))
     for T in [int(s) for s in str(seq_lens).split(',')]:
         cases, base = [], {}
-        for label, overrides, variant in paths:
+        for label, overrides in paths:
             config = attention_config(block_size=T, causal=True, **overrides)
             module = build_attention(config, 0).to(device, ptdtype)
             attend = module.path(device)
@@ -369,7 +357,7 @@ def bench_pace():
             if pace_step:
                 kinds.append(('model', lambda: model_case(T, **overrides)[1]))
             for kind, make in kinds:
-                case = (dict(attention=label, path=kind, T=T, device=device), tda_backward_in(variant, make()))
+                case = (dict(attention=label, path=kind, T=T, device=device), make())
                 row, = measure([case], warmup=2)
                 base.setdefault(kind, row['ms'])  # softmax's row of this kind: the first
                 row = {**row, 'vs_softmax': row['ms'] / base[kind]}
@@ -382,27 +370,8 @@ def bench_pace():
                 print_profile(f"{row['attention']} {row['path']} T={T}", fn)
 
 
-def tda_backward_in(one_pass, fn):
-    """fn with TDA's kernel backward in one pass or two, set before each call (the profile runs the cases again
-    after every row is timed; a compiled graph holds the setting it was traced with, so each row compiles its own)."""
-    import machinery.tda_kernel
-
-    def run():
-        machinery.tda_kernel.ONE_PASS_BACKWARD = one_pass
-        return fn()
-    return run
-
-
 def compiled(fn):  # with compile on CUDA, the attention alone compiled as in the model (its norms fused)
     return torch.compile(fn) if compile and is_cuda else fn
-
-
-def keep_kernels_out_of_graphs():
-    """kernel_graph_break: each rule's Triton kernel called outside the compiled graph (torch.compiler.disable)."""
-    import rules.krause
-    import rules.tda
-    for module, name in ((rules.krause, 'krause_band_attention'), (rules.tda, 'tda_attention')):
-        setattr(module, name, torch.compiler.disable(getattr(module, name)))
 
 
 def print_profile(title, fn):

@@ -80,7 +80,7 @@ def bench_rows(text):
 
 def flash_and_kernel(rows, path):
     """The flash softmax row and the rule's kernel row of a kind ('attend' or 'model'): bench names them
-    'softmax sdpa' and '<rule>[-mix] kernel' (a TDA '(2-pass bwd)' row, where asked for, is not the kernel's)."""
+    'softmax sdpa' and '<rule>[-mix] kernel'."""
     rows = [r for r in rows if r.get('path') == path]
     flash = next((r for r in rows if r['attention'].startswith('softmax')), None)
     kernel = next((r for r in rows if r['attention'].endswith(' kernel')), None)

@@ -6,7 +6,7 @@ triton.compile, whose ptxas ships in the triton wheel. A Python float argument i
 launch passes it, and as fp64, as a launch inside a torch.compile graph does (Inductor). Prints one row per build:
 kernel, setting, argument types, compiled or the error, registers, spilled bytes, shared memory.
 
-$ python tests/kernel_builds.py   # the table; --quick: 14 builds that cover every flag; --json: the rows as JSON
+$ python tests/kernel_builds.py   # the table; --quick: 12 builds that cover every flag; --json: the rows as JSON
 
 --graph CONFIG: the kernels inside torch.compile's forward and backward graphs of one attention layer, traced with
 fullgraph=True (a graph break fails) and recorded, not run. Run without TRITON_INTERPRET (the interpreter's kernels
@@ -68,7 +68,7 @@ def krause_launches(W, topk, D, dtype):
     return record(run, [krause_kernel], lambda: f"W={W} k={topk} D={D} {DTYPES[dtype]}")
 
 
-def tda_launches(causal, two_views, d, p, dtype, one_pass):
+def tda_launches(causal, two_views, d, p, dtype):
     def run():
         q1, k1, q2, k2 = (torch.randn(1, 2, 256, d, dtype=dtype, requires_grad=True) for _ in range(4))
         v = torch.randn(1, 2, 256, 64, dtype=dtype, requires_grad=True)
@@ -76,26 +76,21 @@ def tda_launches(causal, two_views, d, p, dtype, one_pass):
         lam = torch.tensor(0.5, requires_grad=True)
         views = (q2, k2, lam) if two_views else (None, None, None)
         tda_kernel.tda_attention(q1, k1, views[0], views[1], v, tau, views[2], p, causal).sum().backward()
-    saved = tda_kernel.ONE_PASS_BACKWARD
-    tda_kernel.ONE_PASS_BACKWARD = one_pass
-    try:
-        return record(run, [tda_kernel], lambda: (f"{'causal' if causal else 'bidirectional'} "
-                                                  f"{'two views' if two_views else 'one view'} d={d} p={p:g} "
-                                                  f"{'one-pass' if one_pass else 'two-pass'} bwd {DTYPES[dtype]}"))
-    finally:
-        tda_kernel.ONE_PASS_BACKWARD = saved
+    setting = (f"{'causal' if causal else 'bidirectional'} {'two views' if two_views else 'one view'} d={d} p={p:g} "
+               f"{DTYPES[dtype]}")
+    return record(run, [tda_kernel], lambda: setting)
 
 
 # the settings the rules launch: Krause's GPT band (its narrow and wide left tiles, head sizes 64 and 128) and TDA in
-# each form (causal and not, two views and one, full and half-width views, p = 1, 2, 3), each TDA form with either
-# backward; bfloat16 (training on a GPU), and float32
+# each form (causal and not, two views and one, full and half-width views, p = 1, 2, 3); bfloat16 (training on a
+# GPU), and float32
 KRAUSE = [(32, 16, 64, torch.bfloat16), (256, 192, 64, torch.bfloat16), (256, 192, 128, torch.bfloat16),
           (32, 16, 64, torch.float32)]
 TDA = [(True, True, 64, 2.0, torch.bfloat16), (True, True, 32, 2.0, torch.bfloat16), (True, False, 64, 2.0, torch.bfloat16),
        (False, True, 64, 2.0, torch.bfloat16), (True, True, 64, 1.0, torch.bfloat16), (True, True, 64, 3.0, torch.bfloat16),
        (True, True, 64, 2.0, torch.float32)]
 # --quick (the test suite's): every kernel and every value of each compile-time flag in bfloat16, and the forward
-# kernels in float32 (a float32 backward takes ptxas 10-30 s), in 14 builds
+# kernels in float32 (a float32 backward takes ptxas 10-30 s), in 12 builds
 QUICK_KRAUSE = KRAUSE[:2] + [(32, 16, 64, torch.float32)]
 QUICK_TDA = [(True, True, 64, 2.0, torch.bfloat16), (False, False, 64, 3.0, torch.bfloat16),
              (True, True, 32, 1.0, torch.float32)]
@@ -106,8 +101,7 @@ def all_launches(quick=False):
     for W, topk, D, dtype in QUICK_KRAUSE if quick else KRAUSE:
         launches += krause_launches(W, topk, D, dtype)
     for causal, two_views, d, p, dtype in QUICK_TDA if quick else TDA:
-        for one_pass in (True, False):
-            launches += tda_launches(causal, two_views, d, p, dtype, one_pass)
+        launches += tda_launches(causal, two_views, d, p, dtype)
     return launches
 
 

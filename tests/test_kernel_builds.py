@@ -44,7 +44,7 @@ def test_the_kernels_stay_inside_a_compiled_graph(config):
     graphs = run_python(['tests/kernel_builds.py'], '--graph', json.dumps(config))
     rule = config['attention']
     backward = {'krause': ['krause_backward_queries_kernel', 'krause_backward_keys_kernel'],
-                'tda': ['tda_backward_keys_kernel']}[rule]  # TDA's one-pass backward: one kernel
+                'tda': ['tda_backward_keys_kernel', 'tda_backward_queries_kernel']}[rule]  # dk, dv; then dq, dτ, dλ
     assert graphs == {'forward': [f'{rule}_forward_kernel'], 'backward': backward}
 
 

@@ -45,7 +45,6 @@ CASES = [
     ('bench.py', [*SMALL, '--n_embd=0'], r"n_embd=0 must be at least 1"),
     ('bench.py', [*SMALL, '--mode=model', '--n_layer=0'], r"n_layer=0 must be at least 1"),
     ('bench.py', [*SMALL, '--dtype=float64'], r"dtype must be .* got 'float64'"),
-    ('bench.py', [*SMALL, '--tda_backward=three'], r"tda_backward must be one of one_pass, two_pass, both; got 'three'"),
     ('bench.py', [*SMALL, '--mode=generate', '--decode_tokens=0'], r"decode_tokens=0 must be at least 1"),
     ('bench.py', [*SMALL, '--mode=generate', '--vocab_size=0'], r"vocab_size=0 must be at least 1"),
     ('bench.py', [*SMALL, '--mode=pixels', '--subpixels=1'], r"subpixels=1 must be at least 2"),
