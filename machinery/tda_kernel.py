@@ -20,7 +20,18 @@ import torch
 from machinery.band import cdiv
 from machinery.triton_available import bh_t_strides, dot_precision, jit, load_rows, tl, triton, unit_last_stride
 
-BLOCK_M, BLOCK_N = 64, 64  # queries per program, keys per step
+
+
+def tiles(dtype):
+    """Each kernel's launch shape, (BLOCK_M queries, BLOCK_N keys, warps): the rows per program and keys per step of
+    the forward and the queries' kernel, the queries per step and keys per program of the keys' kernel. Chosen so that
+    no kernel spills registers at d = 64 (tests/kernel_builds.py); float32's dots run on FMA units and hold more
+    registers, so its tiles are smaller."""
+    if dtype == torch.float32:
+        shapes = dict(forward=(32, 16, 4), keys=(16, 64, 8), queries=(32, 16, 8))
+    else:
+        shapes = dict(forward=(64, 64, 4), keys=(32, 64, 8), queries=(64, 32, 4))
+    return {kernel: dict(BLOCK_M=m, BLOCK_N=n, num_warps=warps) for kernel, (m, n, warps) in shapes.items()}
 
 
 @jit
@@ -216,8 +227,9 @@ class TDAKernel(torch.autograd.Function):
         B, H, T, D = v.shape
         y = torch.empty_like(v, memory_format=torch.contiguous_format)
         args = launch_args(q1, k1, q2, k2, v, tau32, lam32, p, two_views, causal)
-        tda_forward_kernel[(cdiv(T, BLOCK_M), B * H)](
-            *args['tensors'], y, *args['strides'], *bh_t_strides(y), *args['sizes'], **args['flags'])
+        shape = tiles(v.dtype)['forward']
+        tda_forward_kernel[(cdiv(T, shape['BLOCK_M']), B * H)](
+            *args['tensors'], y, *args['strides'], *bh_t_strides(y), *args['sizes'], **args['flags'], **shape)
         ctx.save_for_backward(q1, k1, q2, k2, v, tau32, lam32)
         ctx.p, ctx.causal, ctx.two_views, ctx.tau_dtype = p, causal, two_views, tau.dtype
         ctx.lam_shape = lam.shape if two_views else None
@@ -236,11 +248,13 @@ class TDAKernel(torch.autograd.Function):
         # dτ and dλ per (batch·head, row), float32, summed over batch and heads below
         dtau = torch.empty(B * H, T, dtype=torch.float32, device=v.device)
         dlam = torch.empty_like(dtau) if ctx.two_views else dtau
-        tda_backward_keys_kernel[(cdiv(T, BLOCK_N), B * H)](
-            *args['tensors'], dy, dk1, dk2, dv, *args['strides'], *bh_t_strides(dy), *args['sizes'], **args['flags'])
-        tda_backward_queries_kernel[(cdiv(T, BLOCK_M), B * H)](
+        shapes = tiles(v.dtype)
+        tda_backward_keys_kernel[(cdiv(T, shapes['keys']['BLOCK_N']), B * H)](
+            *args['tensors'], dy, dk1, dk2, dv, *args['strides'], *bh_t_strides(dy), *args['sizes'], **args['flags'],
+            **shapes['keys'])
+        tda_backward_queries_kernel[(cdiv(T, shapes['queries']['BLOCK_M']), B * H)](
             *args['tensors'], dy, dq1, dq2, dtau, dlam, *args['strides'], *bh_t_strides(dy), *args['sizes'],
-            **args['flags'])
+            **args['flags'], **shapes['queries'])
         dtau = dtau.sum(0).to(ctx.tau_dtype)
         if not ctx.two_views:
             return dq1, dk1, None, None, dv, dtau, None, None, None
@@ -255,8 +269,8 @@ def launch_args(q1, k1, q2, k2, v, tau32, lam32, p, two_views, causal):
                          *bh_t_strides(v)),
                 sizes=(v.size(1), T, d, D),
                 flags=dict(TWO_VIEWS=two_views, CAUSAL=causal, P=float(p),
-                           PRECISION=dot_precision(v.dtype), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                           BLOCK_d=max(16, triton.next_power_of_2(d)), BLOCK_D=max(16, triton.next_power_of_2(D))))
+                           PRECISION=dot_precision(v.dtype), BLOCK_d=max(16, triton.next_power_of_2(d)),
+                           BLOCK_D=max(16, triton.next_power_of_2(D))))
 
 
 def tda_attention(q1, k1, q2, k2, v, tau, lam, p=2.0, causal=True):

@@ -14,8 +14,8 @@ try:
 except ImportError:  # an optional extra (requirements-extras.txt)
     triton = None
 
-    class tl:  # what the kernels' signatures name, so that their files import without triton
-        constexpr = None
+    class tl:  # what the kernels' signatures and constants name, so that their files import without triton
+        constexpr = staticmethod(lambda value=None: value)
 
 
 def patch_interpreter_scalars():

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from attention import Attention, grid_mask, sliding_window_mask, topk_boundary, visible_keys
 from machinery.band import band_keys, band_layout, band_queries, band_strip, band_view, unband
 from machinery.caches import KVCache
-from machinery.krause_kernel import krause_band_attention
+from machinery.krause_kernel import MAX_WINDOW, krause_band_attention
 from machinery.masks import band_mask, block_mask, dense_mask, run_flex
 
 
@@ -59,7 +59,7 @@ class KrauseAttention(Attention):
         if config.causal:  # N_i: the last W keys
             self.krause_window, self.topk, self.grid = W, k, None
             self.mask_mod = sliding_window_mask(W)
-            self.has_kernel = True  # the band's Triton kernel (the ViT's grid has none)
+            self.has_kernel = W <= MAX_WINDOW  # the band's Triton kernel (the ViT's grid has none)
         else:  # N_i: the patch grid's neighbourhood, k growing over depth
             self.topk = krause_topk_schedule(k, config.n_layer)[layer_idx]
             self.grid = (grid_size, config.krause_radius, config.krause_metric)

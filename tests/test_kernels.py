@@ -140,10 +140,10 @@ def test_the_mix_forms_rule_branch_runs_its_kernel(rule, kernel_calls):
     assert kernel_calls == [f"{'krause_band' if rule == 'krause' else 'tda'}_attention"]
 
 
-def whole_number_krause(scale):
-    """Krause W=32 k=16 (σ = 1 and 2: σ⁻² exact) on whole-number q and k in [-4, 4] scaled by a power of two: every
-    score is exact in float32 in any order of summation, and ties abound."""
-    attn = krause_module(32, 16)
+def whole_number_krause(scale, W=32, topk=16):
+    """Krause (σ = 1 and 2: σ⁻² exact) on whole-number q and k in [-4, 4] scaled by a power of two: every score is
+    exact in float32 in any order of summation, scores of either sign and zeros among them, and ties abound."""
+    attn = krause_module(W, topk)
     with torch.no_grad():
         attn.log_sigma.copy_(torch.log(torch.tensor([1.0, 2.0])))
     g = torch.Generator().manual_seed(1)
@@ -174,13 +174,15 @@ def test_krause_kernel_keeps_every_key_tied_at_the_kth(kernel_calls):
     assert kernel_calls
 
 
-@pytest.mark.parametrize('scale', [2.0 ** -10, 1.0, 2.0 ** 6])
-def test_krause_kernel_boundaries_are_the_math_paths(scale):
+@pytest.mark.parametrize('scale,W,topk', [(2.0 ** -10, 32, 16), (1.0, 32, 16), (2.0 ** 6, 32, 16), (1.0, 128, 96),
+                                          (2.0 ** -10, 128, 96)])
+def test_krause_kernel_boundaries_are_the_math_paths(scale, W, topk):
     """Each row's boundary as the kernel saves it equals the math path's topk_boundary bit for bit, at scores near
     0, over hundreds and over ~1e6 (there the gradients are float32 cancellations on either path, Σ_j ds_ij = 0
-    against scores of 1e6, so the selection is compared directly)."""
+    against scores of 1e6, so the selection is compared directly), in the narrow band and the wide one (its radix
+    search runs more passes, over scores of both signs)."""
     from machinery.krause_kernel import krause_band_attention
-    attn, (q, k, v) = whole_number_krause(scale)
+    attn, (q, k, v) = whole_number_krause(scale, W, topk)
     y = krause_band_attention(q, k, v, attn.log_sigma, attn.krause_window, attn.topk)
     boundary = y.grad_fn.saved_tensors[-1].view(1, 2, T)  # (B·H, T), the last tensor the forward saves
     expected = attn.topk_boundaries(q, k, attn.neighbours(T, q.device))
