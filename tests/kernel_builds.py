@@ -1,10 +1,11 @@
 """
 Every Triton kernel in machinery/ compiled as a GPU compiles it, on a machine with or without one: each kernel's
 launches are recorded from the rules' own wrappers (krause_band_attention, tda_attention, forward and backward, in
-every setting the rules use), and each recorded signature is built to a cubin for a Hopper GPU (sm_90) by
-triton.compile, whose ptxas ships in the triton wheel. A Python float argument is built twice: as fp32, as an eager
-launch passes it, and as fp64, as a launch inside a torch.compile graph does (Inductor). Prints one row per build:
-kernel, setting, argument types, compiled or the error, registers, spilled bytes, shared memory.
+every setting the rules use), and each is built to a cubin for a Hopper GPU (sm_90) as the launch would build it
+(kernel.warmup with the recorded arguments, so the same specialisation: integers and pointers divisible by 16), with
+the ptxas that ships in the triton wheel. A kernel taking a Python float argument is also built with it as fp64, as a
+launch inside a torch.compile graph passes it (Inductor). Prints one row per build: kernel, setting, compiled or the
+error, registers, spilled bytes, shared memory, blocks per SM, and the longest loop's instructions and barriers.
 
 $ python tests/kernel_builds.py   # the table; --quick: 12 builds that cover every flag; --json: the rows as JSON
 
@@ -142,17 +143,34 @@ def builds_to_run(quick):
     return [b for b in every if 'fp32' not in b['setting'] or 'forward' in b['kernel']] if quick else every
 
 
-def resource_usage(cubin):
-    """Registers per thread and the stack (where ptxas spills) of a cubin, as cuobjdump (in the triton wheel) reads
-    them: what a GPU's driver would report for the loaded kernel."""
+def resource_usage(cubin, warps, shared):
+    """What a GPU's driver would report for the loaded kernel, as the tools in the triton wheel read the cubin:
+    registers per thread and the stack (where ptxas spills) from cuobjdump; the blocks an SM of a Hopper GPU holds at
+    once (65,536 registers allocated 256 a warp, 228 KB of shared memory with 1 KB a block, 64 warps); and the
+    longest loop's instructions and barriers per iteration (the SASS between a backward branch and its target)."""
     import triton
+    tool = Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin' / 'cuobjdump'
     with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
         f.write(cubin)
         f.flush()
-        tool = Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin' / 'cuobjdump'
         usage = subprocess.run([str(tool), '--dump-resource-usage', f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(tool), '--dump-sass', f.name], capture_output=True, text=True).stdout
     found = re.search(r'REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)', usage)
-    return dict(registers=int(found[1]), spill_bytes=int(found[2]) + int(found[3]))
+    registers = int(found[1])
+    by_registers = 65536 // (-(-registers * 32 // 256) * 256 * warps)
+    by_shared = 233472 // (shared + 1024)
+    return dict(registers=registers, spill_bytes=int(found[2]) + int(found[3]),
+                blocks_per_sm=min(by_registers, by_shared, 64 // warps, 32), **longest_loop(sass))
+
+
+def longest_loop(sass):
+    """{'loop_instructions', 'loop_barriers'} of the longest loop in a kernel's SASS (0, 0 without one)."""
+    code = [(int(m[1], 16), m[2]) for m in re.finditer(r'/\*([0-9a-f]{4,})\*/\s+([^;]*);', sass)]
+    loops = [(int(jump[1], 16), at) for at, text in code for jump in [re.search(r'BRA (0x[0-9a-f]+)', text)]
+             if jump and int(jump[1], 16) < at]
+    start, end = max(loops, key=lambda loop: loop[1] - loop[0]) if loops else (0, -1)
+    body = [text for at, text in code if start <= at <= end]
+    return dict(loop_instructions=len(body), loop_barriers=sum('BAR.' in text for text in body))
 
 
 def error_line(e):
@@ -181,7 +199,8 @@ def compile_one(build):
                                       target=GPUTarget(*TARGET), options=build['options'])
         else:
             compiled = kernel.warmup(*build['args'], grid=(1,), **build['kwargs'])
-        row.update(compiled=True, **resource_usage(compiled.asm['cubin']), shared_bytes=compiled.metadata.shared)
+        row.update(compiled=True, shared_bytes=compiled.metadata.shared,
+                   **resource_usage(compiled.asm['cubin'], compiled.metadata.num_warps, compiled.metadata.shared))
     except Exception as e:  # the row says why, and the table goes on
         row.update(compiled=False, error=error_line(e))
     return row
@@ -242,11 +261,13 @@ def main():
         return
     print(f"Triton kernels built for {TARGET[0]} sm_{TARGET[1]}: floats = how a Python float argument is passed "
           f"(fp32 eager, fp64 inside torch.compile; - none)")
-    print('| kernel | setting | floats | compiled | registers | spilled bytes | shared bytes |')
-    print('| --- | --- | --- | --- | --- | --- | --- |')
+    print('| kernel | setting | floats | compiled | registers | spilled bytes | shared bytes | blocks per SM | '
+          'longest loop: instructions, barriers |')
+    print('| --- | --- | --- | --- | --- | --- | --- | --- | --- |')
     for r in rows:
-        result = ('yes', r['registers'], r['spill_bytes'], r['shared_bytes']) if r['compiled'] else \
-            (f"no: {r['error']}", '', '', '')
+        result = ('yes', r['registers'], r['spill_bytes'], r['shared_bytes'], r['blocks_per_sm'],
+                  f"{r['loop_instructions']}, {r['loop_barriers']}") if r['compiled'] else \
+            (f"no: {r['error']}", '', '', '', '', '')
         print(f"| {r['kernel']} | {r['setting']} | {r['floats']} | " + ' | '.join(map(str, result)) + ' |')
     failed = sum(not r['compiled'] for r in rows)
     print(f"{len(rows) - failed} of {len(rows)} built")

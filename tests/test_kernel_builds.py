@@ -1,8 +1,8 @@
 """The Triton kernels compiled as a GPU compiles them, on any machine: tests/kernel_builds.py records each kernel's
-launches from the rules' wrappers and builds every signature for a Hopper GPU (sm_90) with triton.compile, a Python
-float argument both as fp32 (an eager launch) and as fp64 (a launch inside a torch.compile graph). The interpreter
-(tests/test_kernels.py) checks the values; this checks what only a compiler sees: types on every branch, tl.dot's
-shapes, registers. Each runs in a process of its own, without TRITON_INTERPRET."""
+launches from the rules' wrappers and builds each for a Hopper GPU (sm_90) as the launch would (kernel.warmup), and a
+Python float argument also as fp64 (a launch inside a torch.compile graph). The interpreter (tests/test_kernels.py)
+checks the values; this checks what only a compiler sees: types on every branch, tl.dot's shapes, registers and
+spills. Each runs in a process of its own, without TRITON_INTERPRET."""
 import json
 import os
 import subprocess
@@ -25,7 +25,8 @@ def run_python(code, *args, cwd=ROOT):
 
 def test_every_kernel_builds_for_a_hopper_gpu():
     """Every kernel, every value of each compile-time flag, bfloat16 and float32 tensors (--quick: the full table is
-    `python tests/kernel_builds.py`): each compiles, within the 255 registers a thread may hold."""
+    `python tests/kernel_builds.py`): each compiles, within the 255 registers a thread may hold, and none spills
+    registers to memory (the tile shapes are chosen for it: machinery's `tiles`)."""
     rows = run_python(['tests/kernel_builds.py'], '--quick', '--json')
     assert {r['kernel'] for r in rows} == {'krause_forward_kernel', 'krause_backward_queries_kernel',
                                            'krause_backward_keys_kernel', 'tda_forward_kernel',
@@ -33,6 +34,8 @@ def test_every_kernel_builds_for_a_hopper_gpu():
     failed = [f"{r['kernel']} ({r['setting']}, floats {r['floats']}): {r['error']}" for r in rows if not r['compiled']]
     assert not failed, '\n'.join(failed)
     assert all(0 < r['registers'] <= 255 for r in rows)
+    spilled = [f"{r['kernel']} ({r['setting']}): {r['spill_bytes']} bytes" for r in rows if r['spill_bytes']]
+    assert not spilled, '\n'.join(spilled)
 
 
 @pytest.mark.parametrize('config', [dict(attention='krause', krause_window=32, krause_topk=16, mix=True, dropout=0.1),
