@@ -279,7 +279,7 @@ def bench_attention():
     softmax, all in one run) on the path forward takes."""
     cases = []
     for T in [int(s) for s in str(seq_lens).split(',')]:
-        softmax = attention_config(attention='softmax', window=0, mix=False, flex=False,
+        softmax = attention_config(attention='softmax', window=0, mix=False, mix_matched=False, flex=False,
                                    causal=True, block_size=T)
         baseline = build_attention(softmax, 0).to(device, ptdtype)
         cases.append((dict(attention='softmax', path='sdpa', T=T, device=device),
@@ -340,7 +340,7 @@ def bench_pace():
     """Per length: flash softmax and the rule (its flex path with flex=True; off flex with kernel=True, its fused path:
     the Triton kernel on CUDA), attention alone and the whole model, in one run; ratios to softmax, each row printed
     as it is measured."""
-    softmax = dict(attention='softmax', window=0, mix=False, flex=False)
+    softmax = dict(attention='softmax', window=0, mix=False, mix_matched=False, flex=False)
     name = attention + ('-mix' if mix else '')
     paths = [('softmax sdpa', softmax)]  # (label, config overrides)
     if flex and is_cuda:
@@ -389,7 +389,7 @@ def print_profile(title, fn):
 
 @torch.no_grad()
 def bench_generate():
-    rules = [dict(attention='softmax', window=0, mix=False)]  # softmax beside the rule
+    rules = [dict(attention='softmax', window=0, mix=False, mix_matched=False)]  # softmax beside the rule
     if attention != 'softmax' or window or mix:
         rules.append({})
     lengths = [int(s) for s in str(seq_lens).split(',')]
@@ -424,7 +424,7 @@ def bench_generate():
 @torch.no_grad()
 def bench_pixels():
     from support.pixels import cache_mib, timed_draw
-    rules = [dict(attention='softmax', window=0, mix=False)]  # softmax beside the rule
+    rules = [dict(attention='softmax', window=0, mix=False, mix_matched=False)]  # softmax beside the rule
     if attention != 'softmax' or window or mix:
         rules.append({})
     rows = []

@@ -36,6 +36,9 @@ CASES = [
      'attend', 1.3, False),
     ('TDA, RoPE, train step, T=4096, B=3',
      '--attention=tda --pos_emb=rope --seq_lens=4096 --batch_size=3', 'model', 0.85, True),
+    ('mix matched (each branch half the heads), train step, T=1024, B=12',
+     '--attention=krause --mix=True --mix_matched=True --krause_window=32 --krause_topk=16 --seq_lens=1024 '
+     '--batch_size=12', 'model', 0.9, True),
 ]
 LIMIT_S = {'attend': 90, 'model': 150}  # one bench run: process start, compiles (softmax's and the rule's), timing
 TIMED_OUT = (124, 137)  # timeout(1)'s status: TERM sent at the limit, or KILL after its grace

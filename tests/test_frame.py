@@ -165,9 +165,11 @@ def test_block_masks_are_cached_by_the_mask_that_defines_them():
     assert tools.block_mask(None, 200, cpu) is None       # full attention needs none
 
 
-def test_bench_times_the_krause_mix_form():
-    out = run_script('bench.py', '--attention=krause', '--mix=True', '--seq_lens=96', '--repeats=1',
-                     '--n_embd=64', '--n_head=2', '--krause_window=16', '--krause_topk=8', '--json')
+@pytest.mark.parametrize('matched', [False, True])
+def test_bench_times_the_krause_mix_form(matched):
+    """The mix form, and matched (each branch half the heads), beside softmax alone (neither mix key)."""
+    out = run_script('bench.py', '--attention=krause', '--mix=True', f'--mix_matched={matched}', '--seq_lens=96',
+                     '--repeats=1', '--n_embd=64', '--n_head=2', '--krause_window=16', '--krause_topk=8', '--json')
     rows = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
     # the mix's path on the CPU: 'fused' (Attention.path_name), its softmax branch on SDPA beside Krause's math path
     assert [(r['attention'], r['path'], r['T']) for r in rows] == [('softmax', 'sdpa', 96), ('krause', 'fused', 96)]
