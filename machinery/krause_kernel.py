@@ -232,7 +232,7 @@ def tiles(W, D, dtype):
     (its dots on FMA units) and wide heads, each chosen so that no kernel spills registers and, in bfloat16, two
     blocks fit an SM (tests/kernel_builds.py; float32 at W = 256 spills all the same)."""
     left, wide = max(16, triton.next_power_of_2(max(W - 1, 1))), dtype == torch.float32
-    forward = (32, left, 8) if wide else (32, left, 4) if left > 64 else (64, left, 4)
+    forward = (32, left, 8) if wide or D > 64 else (32, left, 4) if left > 64 else (64, left, 4)
     return forward, (64, 16 if wide else 32, 8 if wide or D > 64 else 4)
 
 

@@ -190,6 +190,19 @@ def test_krause_kernel_boundaries_are_the_math_paths(scale, W, topk):
     assert torch.equal(boundary, expected)
 
 
+def test_a_krause_window_wider_than_the_kernel_counts_takes_the_math_path(kernel_calls):
+    """The kernel packs a row's counts 9 bits each, so it takes windows of up to MAX_WINDOW keys: a wider band runs
+    the math path, and the kernel itself refuses one."""
+    from machinery.krause_kernel import MAX_WINDOW, krause_band_attention
+    wide = AttentionConfig(n_embd=32, n_head=2, block_size=1024, attention='krause', krause_window=MAX_WINDOW + 1,
+                           krause_topk=16)
+    assert build_attention(wide, 0).path_name(DEVICE) != 'kernel'
+    assert krause_module(MAX_WINDOW, 16).path_name(DEVICE) == 'kernel'
+    q = torch.randn(1, 1, 8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=f"at most {MAX_WINDOW} keys"):
+        krause_band_attention(q, q, q, torch.zeros(1, device=DEVICE), MAX_WINDOW + 1, 16)
+
+
 @pytest.mark.parametrize('config,expected', [('krause_gpt', 'krause (mix), Triton kernel (no dropout on the weights) '
                                                             'beside SDPA'),
                                              ('tda_gpt', 'tda, Triton kernel')])
