@@ -20,7 +20,7 @@ from machinery.caches import KVCache, decode_sdpa
 from machinery.heads import merge_heads, split_heads, weights_of_linear_map
 from machinery.masks import FLEX_DEVICES, band_mask, block_mask, dense_mask, run_flex
 from machinery.rope import Rotary, check_rope_scaling
-from machinery.triton_available import kernel_on
+from machinery.kernels.triton_available import kernel_on
 
 
 # -----------------------------------------------------------------------------

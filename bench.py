@@ -23,7 +23,7 @@ case's top operations (torch.profiler, one step after the timing). Its defaults 
 CPU it says so first, with a CPU-sized command (PACE_CPU_RECIPE). The flex paths on a GPU, e.g.:
 $ python bench.py --mode=pace --attention=krause --flex=True --compile=True --n_layer=12 \
       --n_head=12 --n_embd=768 --bias=False --batch_size=12 --seq_lens=1024,4096,8192 --profile=True
---kernel=True adds the rule off flex, its fused path: the Triton kernel on CUDA (machinery/*_kernel.py; Krause's
+--kernel=True adds the rule off flex, its fused path: the Triton kernel on CUDA (machinery/kernels/; Krause's
 band, TDA, the mix's Krause or TDA branch), beside flash and the flex path in the same run; --pace_step=False times
 the attention alone; with --compile=True the attention alone is compiled too.
 

@@ -9,6 +9,7 @@ it knows which rules exist. The rules import it at their top; read attention.py 
   masks.py   a named mask_mod (attention.py's or a rule's) made into what a kernel takes: a flex BlockMask, a dense (T, T)
              bool, the band's tiles; each built once per shape; running flex_attention
   caches.py  generation: the keys and values one layer keeps between tokens (all of them, or a ring)
+  kernels/   Triton kernels of single rules (Krause's band, TDA), what forward runs on CUDA: their own index
 
 Nothing here imports a module of the repo outside machinery/ (tests/test_layout.py checks it).
 """

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from attention import Attention, grid_mask, sliding_window_mask, topk_boundary, visible_keys
 from machinery.band import band_keys, band_layout, band_queries, band_strip, band_view, unband
 from machinery.caches import KVCache
-from machinery.krause_kernel import MAX_WINDOW, krause_band_attention
+from machinery.kernels.krause import MAX_WINDOW, krause_band_attention
 from machinery.masks import band_mask, block_mask, dense_mask, run_flex
 
 
@@ -75,7 +75,7 @@ class KrauseAttention(Attention):
         return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
 
     def attend_kernel(self, q, k, v):
-        """The GPT's band as one Triton kernel (machinery/krause_kernel.py: the top k by an exact selection in
+        """The GPT's band as one Triton kernel (machinery/kernels/krause.py: the top k by an exact selection in
         registers, flash-style backward), what forward runs on CUDA. Like flex, it drops no weights (train.py's start-up
         line says so where dropout is set); the residual dropout in `out` applies."""
         return krause_band_attention(q, k, v, self.log_sigma, self.krause_window, self.topk)

@@ -12,7 +12,7 @@ from machinery.caches import KVCache
 from machinery.heads import split_heads
 from machinery.masks import run_flex
 from machinery.rope import Rotary
-from machinery.tda_kernel import tda_attention
+from machinery.kernels.tda import tda_attention
 
 
 @dataclass
@@ -43,7 +43,7 @@ class ThresholdDifferentialAttention(Attention):
     and k per head (d = D/2, c_attn 3C: softmax's parameters, as Diff's views are), each half rotated by RoPE as a
     head of D/2; v is D wide either way. Math path: queries in tiles of tile_weights // T, each recomputed in
     backward, so memory is linear in T. Kernel path, what forward runs on CUDA: the Triton kernel in
-    machinery/tda_kernel.py. Flex path: one call, both views on the head axis, τ through the queries (derivation:
+    machinery/kernels/tda.py. Flex path: one call, both views on the head axis, τ through the queries (derivation:
     docs/rules.md#tda). No attention-weight dropout on any path.
     """
     has_bidirectional_form, has_cache, has_flex, has_kernel = True, True, True, True
@@ -91,7 +91,7 @@ class ThresholdDifferentialAttention(Attention):
         return self.head_norm(tile_queries(tile_output, T, self.tile_weights, self.causal))  # (B, H, T, D)
 
     def attend_kernel(self, *tensors):
-        """The sum over keys as one Triton kernel (machinery/tda_kernel.py: relu(s - τ)^p times v in one pass, no
+        """The sum over keys as one Triton kernel (machinery/kernels/tda.py: relu(s - τ)^p times v in one pass, no
         softmax statistics, a backward that recomputes the scores), what forward runs on CUDA."""
         qk, v = self.split_views(tensors)
         q1, k1, q2, k2 = [F.normalize(t, dim=-1) for t in qk] + [None] * (4 - len(qk))

@@ -19,16 +19,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / 'shared' / 'data'
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / 'tests'))
+import triton_interpreter  # noqa: E402
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"offline data samples not found at {SHARED}")
 if (SHARED / 'tiktoken_cache').is_dir():
     os.environ.setdefault('TIKTOKEN_CACHE_DIR', str(SHARED / 'tiktoken_cache'))
 # one thread, as the scripts run here get (OMP_NUM_THREADS=1): the tests' tensors are tiny, and a second thread on a
 # busy core makes each op wait for it (a 30-token generation took 12 s on 2 threads of a shared machine, 0.07 s on 1)
 torch.set_num_threads(1)
-# without a GPU the Triton kernels (machinery/*_kernel.py, tests/test_kernels.py) run through triton's interpreter,
-# which a kernel reads when it is defined: set before any test module imports one (nothing else here runs triton)
+# without a GPU the Triton kernels (machinery/kernels/, tests/test_kernels.py) run through triton's interpreter,
+# which a kernel reads when it is defined: set before any test module imports one (nothing else here runs triton),
+# and the interpreter patched to compute as a GPU does (tests/triton_interpreter.py)
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
+    triton_interpreter.patch()
 
 
 def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import machinery.krause_kernel as krause_kernel  # noqa: E402
-import machinery.tda_kernel as tda_kernel  # noqa: E402
+import machinery.kernels.krause as krause_kernel  # noqa: E402
+import machinery.kernels.tda as tda_kernel  # noqa: E402
 
 TARGET = ('cuda', 90, 32)  # Hopper (H100, H200): compute capability 9.0, warps of 32
 DTYPES = {torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16', torch.int32: 'i32'}
@@ -230,7 +230,7 @@ def graph_kernels(**config):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
-    import machinery.triton_available as available
+    import machinery.kernels.triton_available as available
     from rules import AttentionConfig, build_attention
     torch.utils._triton.has_triton = lambda: True  # Dynamo traces a triton launch where it finds a GPU
     triton.runtime.driver.set_active(HopperDriver())

@@ -13,10 +13,13 @@ from pathlib import Path
 
 os.environ['TRITON_INTERPRET'] = '1'  # before the kernels are defined
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import triton_interpreter  # noqa: E402  (this script's folder: tests/)
+
+triton_interpreter.patch()
 
 import torch  # noqa: E402
 
-import machinery.krause_kernel as krause_kernel  # noqa: E402
+import machinery.kernels.krause as krause_kernel  # noqa: E402
 
 
 def selection_passes(W=256, topk=192, T=1024, D=64, seed=0):

@@ -144,7 +144,7 @@ def test_resume_on_cuda(tmp_path):
         assert loss == pytest.approx(straight[i], abs=1e-3), (i, loss, straight[i])
 
 
-# the Triton kernels (machinery/*_kernel.py) compiled: (rule settings, T, head size D); per-head σ that differ, T no
+# the Triton kernels (machinery/kernels/) compiled: (rule settings, T, head size D); per-head σ that differ, T no
 # multiple of the blocks, each head size the kernels take, and the long sequences the benchmarks run
 KERNEL_CASES = [
     (dict(attention='krause', krause_window=32, krause_topk=16), 1000, 64),

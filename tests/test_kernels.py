@@ -1,4 +1,4 @@
-"""The Triton kernels (machinery/*_kernel.py) against their rules' math paths (`attend`, itself checked against the
+"""The Triton kernels (machinery/kernels/) against their rules' math paths (`attend`, itself checked against the
 formula in tests/test_krause.py and tests/test_tda.py), in float32: forward and every gradient, at a length that is
 no multiple of the kernels' blocks (T = 150), per-head parameters that differ, and Krause at a tie at the k-th score.
 Without a GPU they run on the CPU through triton's interpreter (TRITON_INTERPRET=1, set in conftest.py before any
@@ -11,7 +11,7 @@ from conftest import ROOT
 
 import rules.krause
 import rules.tda
-from machinery.triton_available import triton, triton_runs_on
+from machinery.kernels.triton_available import triton, triton_runs_on
 from rules import AttentionConfig, build_attention
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -26,7 +26,7 @@ def kernel_calls(monkeypatch):
     """Forward's path (Attention.path) on the rules' kernels here too (the CPU through the interpreter:
     KERNEL_DEVICES), each call of a kernel counted, so that a comparison cannot pass by falling back to the math
     path."""
-    import machinery.triton_available as available
+    import machinery.kernels.triton_available as available
     monkeypatch.setattr(available, 'KERNEL_DEVICES', ('cuda', 'cpu'))
     calls = []
     for module, name in ((rules.krause, 'krause_band_attention'), (rules.tda, 'tda_attention')):
@@ -181,7 +181,7 @@ def test_krause_kernel_boundaries_are_the_math_paths(scale, W, topk):
     0, over hundreds and over ~1e6 (there the gradients are float32 cancellations on either path, Σ_j ds_ij = 0
     against scores of 1e6, so the selection is compared directly), in the narrow band and the wide one (its radix
     search runs more passes, over scores of both signs)."""
-    from machinery.krause_kernel import krause_band_attention
+    from machinery.kernels.krause import krause_band_attention
     attn, (q, k, v) = whole_number_krause(scale, W, topk)
     y = krause_band_attention(q, k, v, attn.log_sigma, attn.krause_window, attn.topk)
     boundary = y.grad_fn.saved_tensors[-1].view(1, 2, T)  # (B·H, T), the last tensor the forward saves
@@ -193,7 +193,7 @@ def test_krause_kernel_boundaries_are_the_math_paths(scale, W, topk):
 def test_a_krause_window_wider_than_the_kernel_counts_takes_the_math_path(kernel_calls):
     """The kernel packs a row's counts 9 bits each, so it takes windows of up to MAX_WINDOW keys: a wider band runs
     the math path, and the kernel itself refuses one."""
-    from machinery.krause_kernel import MAX_WINDOW, krause_band_attention
+    from machinery.kernels.krause import MAX_WINDOW, krause_band_attention
     wide = AttentionConfig(n_embd=32, n_head=2, block_size=1024, attention='krause', krause_window=MAX_WINDOW + 1,
                            krause_topk=16)
     assert build_attention(wide, 0).path_name(DEVICE) != 'kernel'
@@ -209,7 +209,7 @@ def test_a_krause_window_wider_than_the_kernel_counts_takes_the_math_path(kernel
 def test_the_paper_configs_run_their_kernels_on_cuda(config, expected, monkeypatch):
     """What train.py's start-up line says on CUDA (compiled triton, no interpreter) for each paper config as it is, at
     one layer: the kernel, not flex and not the math path."""
-    import machinery.triton_available as available
+    import machinery.kernels.triton_available as available
     from model import GPT, GPTConfig, attention_paths
     from support.runtime import dataclass_values
     monkeypatch.setattr(available, 'INTERPRETED', False)  # as on a GPU: compiled kernels

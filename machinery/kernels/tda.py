@@ -18,7 +18,7 @@ argument reaches a kernel (inside a torch.compile graph Inductor would pass one 
 import torch
 
 from machinery.band import cdiv
-from machinery.triton_available import bh_t_strides, dot_precision, jit, load_rows, tl, triton, unit_last_stride
+from machinery.kernels.triton_available import bh_t_strides, dot_precision, jit, load_rows, tl, triton, unit_last_stride
 
 
 

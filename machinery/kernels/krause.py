@@ -16,7 +16,7 @@ smaller; at every shape the benchmarks and tests build, no kernel spills (tests/
 import torch
 
 from machinery.band import cdiv
-from machinery.triton_available import bh_t_strides, dot_precision, jit, load_rows, tl, triton, unit_last_stride
+from machinery.kernels.triton_available import bh_t_strides, dot_precision, jit, load_rows, tl, triton, unit_last_stride
 
 DIGITS = tl.constexpr(8)  # the selection's radix: 3 bits a pass, 7 counts packed in one int64 sum
 MAX_WINDOW = 511  # a count packed in 9 bits: the keys a row reaches

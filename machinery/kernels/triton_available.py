@@ -1,8 +1,9 @@
 """
-What the Triton kernels (machinery/*_kernel.py) share: whether they can run on a tensor's device (CUDA with triton
+What the Triton kernels (machinery/kernels/) share: whether they can run on a tensor's device (CUDA with triton
 importable, or the CPU through triton's interpreter, TRITON_INTERPRET=1, set before the kernels are defined: the
-tests), where a rule takes them (KERNEL_DEVICES), and their tile loads and launch strides. Without triton the kernel
-files still import (their kernels are then plain functions never launched) and the rules take the paths they had.
+tests, which also patch the interpreter, tests/triton_interpreter.py), where a rule takes them (KERNEL_DEVICES), and
+their tile loads and launch strides. Without triton the kernel files still import (their kernels are then plain
+functions never launched) and the rules take the paths they had.
 """
 import os
 
@@ -16,40 +17,6 @@ except ImportError:  # an optional extra (requirements-extras.txt)
 
     class tl:  # what the kernels' signatures and constants name, so that their files import without triton
         constexpr = staticmethod(lambda value=None: value)
-
-
-def patch_interpreter_scalars():
-    """numpy >= 2.4 refuses int() of a one-element array, which is how triton 3.6's interpreter holds a scalar (a
-    loop bound such as T): its index is taken from the element instead. The compiled path is untouched."""
-    from triton.runtime import interpreter
-    if not hasattr(interpreter, '_patch_lang_tensor'):  # another triton: nothing to patch
-        return
-    patch = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, '__index__', lambda self: int(self.handle.data.reshape(-1)[0]))
-    interpreter._patch_lang_tensor = patched
-
-
-def patch_interpreter_bf16_dot():
-    """Triton 3.6's interpreter holds bfloat16 as uint16, and its tl.dot multiplies those raw bits: bfloat16 operands
-    are widened to float32 first here (exactly), as a GPU's tensor cores take them. The compiled path is untouched."""
-    from triton.runtime import interpreter
-    builder, dot = interpreter.InterpreterBuilder, interpreter.InterpreterBuilder.create_dot
-
-    def widened(x):
-        if x.dtype.scalar != tl.bfloat16:
-            return x
-        data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)  # as the interpreter's casts do
-        return interpreter.TensorHandle(data.view(interpreter._get_np_dtype(tl.float32)), tl.float32)
-
-    builder.create_dot = lambda self, a, b, d, *rest: dot(self, widened(a), widened(b), d, *rest)
-
-
-if triton is not None:
-    patch_interpreter_scalars()
-    patch_interpreter_bf16_dot()
 
 
 def jit(fn):
