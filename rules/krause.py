@@ -13,6 +13,18 @@ from machinery.kernels.krause import MAX_WINDOW, krause_band_attention
 from machinery.masks import band_mask, block_mask, dense_mask, run_flex
 
 
+def krause_reference(q, k, v, log_sigma, neighbours, topk):
+    """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, log σ per head (H,), N_i as a (T, T) bool, k.
+    O(T²) memory: the reference the other paths equal (tests/test_krause.py); `attend` computes the same on the band."""
+    T = q.size(2)
+    sigma2 = torch.exp(2 * log_sigma).view(1, -1, 1, 1)                        # σ_h², (1, H, 1, 1)
+    score = -(q.unsqueeze(3) - k.unsqueeze(2)).pow(2).sum(-1) / (2 * sigma2)  # -‖q_i - k_j‖²/(2σ²), (B, H, T, T)
+    score = score.masked_fill(~neighbours, float('-inf'))                     # j in N_i only
+    kth = score.topk(min(topk, T), dim=-1).values[..., -1:]                   # each row's k-th (-inf: fewer than k)
+    score = score.masked_fill(score < kth, float('-inf'))                     # the top k, a tie at the k-th kept whole
+    return score.softmax(-1) @ v                                              # y_i = Σ_j w_ij v_j, (B, H, T, D)
+
+
 @dataclass
 class KrauseConfig:
     krause_window: int = 32      # Krause 1-D: W keys per query (i-W < j <= i)
@@ -64,6 +76,9 @@ class KrauseAttention(Attention):
             self.topk = krause_topk_schedule(k, config.n_layer)[layer_idx]
             self.grid = (grid_size, config.krause_radius, config.krause_metric)
             self.mask_mod = grid_mask(*self.grid)
+
+    def attend_reference(self, q, k, v):  # the formula (krause_reference) with this layer's σ, N_i and k
+        return krause_reference(q, k, v, self.log_sigma, dense_mask(self.mask_mod, q.size(2), q.device), self.topk)
 
     def attend(self, q, k, v):
         if self.grid:  # the ViT: 65 tokens, every pair

@@ -15,6 +15,25 @@ from machinery.rope import Rotary
 from machinery.kernels.tda import tda_attention
 
 
+def tda_reference(q1, k1, q2, k2, v, beta, lam, kappa, p, causal, head_norm):
+    """The formula, every (i, j) pair at once: (B, H, T, d) views q1, k1 and q2, k2 (None: one view, TRA), v
+    (B, H, T, D), β, λ, κ, p, causal, the per-head RMSNorm. O(T²) memory: the reference the other paths equal
+    (tests/test_tda.py); `attend` computes the same in tiles of queries."""
+    T, d = q1.size(2), q1.size(-1)
+    n = torch.arange(1, T + 1, dtype=v.dtype, device=v.device) if causal else \
+        torch.full((T,), T, dtype=v.dtype, device=v.device)                    # the keys row i sees
+    tau = beta * (2 * torch.log(n / kappa).clamp_min(0) / d).sqrt()            # τ_i, (T,)
+    visible = torch.ones(T, T, dtype=torch.bool, device=v.device)
+    visible = visible.tril() if causal else visible                            # j <= i where causal
+
+    def view(q, k):  # a_ij = relu(q̂_i·k̂_j - τ_i)^p on visible pairs, 0 elsewhere, (B, H, T, T)
+        s = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+        return ((s - tau[:, None]).relu() ** p).masked_fill(~visible, 0)
+
+    a = view(q1, k1) if q2 is None else view(q1, k1) - lam * view(q2, k2)     # a¹ - λa²
+    return head_norm(a @ v)                                                    # o_i = RMSNorm(Σ_j a_ij v_j)
+
+
 @dataclass
 class TDAConfig:
     tda_beta: float = 1.0        # TDA: initial threshold scale β > 0 (learned per layer, as log β)
@@ -82,6 +101,13 @@ class ThresholdDifferentialAttention(Attention):
             self.lambda_logit = nn.Parameter(torch.tensor(math.log(config.tda_lambda / (1 - config.tda_lambda))))
         self.head_norm = nn.RMSNorm(self.head_dim, eps=config.tda_eps)
         self.mask_mod = causal_mask if self.causal else None  # after the threshold (weights); flex's BlockMask
+
+    def attend_reference(self, *tensors):  # the formula (tda_reference) with this layer's views and parameters
+        qk, v = self.split_views(tensors)
+        q1, k1, q2, k2 = qk + [None] * (4 - len(qk))
+        lam = torch.sigmoid(self.lambda_logit) if self.two_views else None
+        return tda_reference(q1, k1, q2, k2, v, self.log_beta.exp(), lam, self.kappa, self.p, self.causal,
+                             self.head_norm)
 
     def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v; matched: q, k, v), (B, H, T, D) each
         qk, v = self.split_views(tensors)

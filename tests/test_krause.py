@@ -47,18 +47,20 @@ def qkv(T, B=2, H=3, D=8, seed=0):
 
 
 def check_against_reference(attn, T, visible, topk):
+    """The rule's formula as code (attend_reference, every pair at once) and its math path (attend), each against
+    the per-pair reference above: the output and the gradients of q, k, v and log σ."""
     q, k, v = qkv(T)
-    y = attn.attend(q, k, v)
     ref = krause_reference(q, k, v, attn.log_sigma.exp(), visible, topk)
-    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
-    g = torch.randn_like(y)
+    g = torch.randn_like(ref)
     inputs = (q, k, v, attn.log_sigma)
-    grads = torch.autograd.grad(y, inputs, g)
     grads_ref = torch.autograd.grad(ref, inputs, g)
-    for name, a, b in zip('q k v log_sigma'.split(), grads, grads_ref):
-        if topk > 1:  # (with one key per row the weights are all 1: only v has a gradient)
-            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f'gradient of {name}')
+    for path in (attn.attend_reference, attn.attend):
+        y = path(q, k, v)
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5, msg=path.__name__)
+        for name, a, b in zip('q k v log_sigma'.split(), torch.autograd.grad(y, inputs, g), grads_ref):
+            if topk > 1:  # (with one key per row the weights are all 1: only v has a gradient)
+                assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f'{path.__name__}: gradient of {name}')
 
 
 # (T, W, k): windows longer than the sequence, W = 1, T not a multiple of W, and early rows with < k keys

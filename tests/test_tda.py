@@ -77,21 +77,23 @@ def test_matches_reference(T, chunk, causal, differential, p, kappa, matched):
     attn = make(T, tile_weights=chunk * T, causal=causal, tda_differential=differential, tda_p=p, tda_kappa=kappa,
                 tda_matched=matched)
     tensors = inputs(len(attn.projections), T)
-    y = attn.attend(*tensors)
     own, beta, lam = parameters(attn)
     views = reference_views(tensors, matched)
     ref = tda_reference(views, tensors[-1], beta, lam, kappa, p, attn.head_norm.weight, attn.head_norm.eps, causal)
-    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
     weights = attn.attention_weights(*tensors)
     visible = torch.ones(T, T).tril().bool() if causal else torch.ones(T, T).bool()
     zero = (weights == 0)[..., visible].double().mean().item()
     assert 0.2 < zero < 0.95  # some pairs survive the threshold, many do not: both branches are tested
-    g = torch.randn_like(y)
+    g = torch.randn_like(ref)
     wrt = tensors + list(own.values())
     names = list(attn.projections) + list(own)
-    for name, a, b in zip(names, torch.autograd.grad(y, wrt, g, retain_graph=True), torch.autograd.grad(ref, wrt, g)):
-        assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f'gradient of {name}')
+    grads_ref = torch.autograd.grad(ref, wrt, g)
+    for path in (attn.attend_reference, attn.attend):  # the rule's formula as code, and its math path in tiles
+        y = path(*tensors)
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5, msg=path.__name__)
+        for name, a, b in zip(names, torch.autograd.grad(y, wrt, g), grads_ref):
+            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f'{path.__name__}: gradient of {name}')
 
 
 def test_threshold_values():
