@@ -35,6 +35,12 @@ if not torch.cuda.is_available():
     triton_interpreter.patch()
 
 
+def qkv(T, B=2, H=3, D=8, seed=0):
+    """The rule tests' q, k, v: (B, H, T, D) each, float64, standard normal from `seed`, requiring gradients."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+
+
 def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):
     """Run a repo script as `python script args` runs it, on one CPU thread, from the repo root unless cwd says
     otherwise; return its combined output. A .py file is forked from a process that imported torch and this repo's

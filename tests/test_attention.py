@@ -1,5 +1,6 @@
 """Softmax attention and the shared helpers against references written from the formulas."""
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from machinery.band import band_keys, band_layout, band_queries, band_strip, unb
 from machinery.masks import band_mask
 from machinery.rope import Rotary
 from conftest import assert_causal
+from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig
 
 
@@ -30,9 +32,7 @@ def make(T=16, **kw):
     return build_attention(cfg, 0).double()
 
 
-def qkv(T, B=2, H=4, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+qkv = partial(shared_qkv, H=4)  # conftest's q, k, v at this file's head shape
 
 
 @pytest.mark.parametrize('T,window,causal', [(13, 0, True), (13, 0, False), (13, 4, True), (16, 4, True),

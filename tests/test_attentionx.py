@@ -3,6 +3,7 @@
 gradients (q, k, v, γ), with a different γ per head (one of them negative) so that a mix-up of heads would show; and
 on the paper's ViT base, LSA's learned temperature in place of 1/√D, where A is LSA's exactly."""
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from attention import off_diagonal_mask
 from rules import AttentionConfig, build_attention
 from conftest import ROOT, assert_causal, cached_generation_equals_the_forward, run_script
+from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig
 
@@ -39,9 +41,7 @@ def make(T, **kw):
     return attn
 
 
-def qkv(T, B=2, H=4, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+qkv = partial(shared_qkv, H=4)  # conftest's q, k, v at this file's head shape
 
 
 def visible_keys(T, causal, mask_diagonal, window):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from attention import cluster_usage
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal
+from conftest import assert_causal, qkv
 from model import GPT, GPTConfig, attention_reports
 from prepare.recall import make_examples
 
@@ -22,11 +22,6 @@ def make(T=20, causal=True, H=3, D=8, **kw):
     with torch.no_grad():  # a different sharpness per head, so a mix-up of heads would show
         attn.log_sharpness.copy_(torch.log(torch.tensor([1.5, 4.0, 9.0], dtype=torch.float64)[:H]))
     return attn
-
-
-def qkv(T, B=2, H=3, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
 def assignment(k, seeds, sharpness):  # k (D,), seeds (m, D) -> (m,)

@@ -3,6 +3,7 @@ over the visible keys, O_i = Σ_j a_ij v_j, then y_i = O_i - λ_h W_h O_i on the
 y_i = O_i on the others. Float64, forward and gradients (q, k, v, λ's logits, f_D's W), with λ and W different per
 head, away from their initial values."""
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from attention import SoftmaxAttention
 from rules import AttentionConfig, build_attention
 from conftest import ROOT, assert_causal
+from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig
 
 H, D = 4, 8
@@ -43,9 +45,7 @@ def make(T, **kw):
     return attn
 
 
-def qkv(T, B=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+qkv = partial(shared_qkv, H=H, D=D)  # conftest's q, k, v at this file's head shape
 
 
 def visible_keys(T, causal, window):

@@ -10,7 +10,7 @@ import torch
 from attention import SoftmaxAttention, dense_mask, grid_mask
 from rules import AttentionConfig, build_attention
 from rules.krause import krause_topk_schedule
-from conftest import assert_causal
+from conftest import assert_causal, qkv
 from model import GPT, GPTConfig
 
 
@@ -39,11 +39,6 @@ def make(T, layer_idx=0, **kw):
     with torch.no_grad():  # a different σ per head, so a mix-up of heads would show
         attn.log_sigma.copy_(torch.log(torch.tensor([0.7, 1.3, 2.5], dtype=torch.float64)))
     return attn
-
-
-def qkv(T, B=2, H=3, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
 def check_against_reference(attn, T, visible, topk):

@@ -10,7 +10,7 @@ import torch
 
 from rules import AttentionConfig, build_attention
 from rules.linear import LinearCache, carried_state
-from conftest import assert_causal, cached_generation_equals_the_forward
+from conftest import assert_causal, cached_generation_equals_the_forward, qkv
 from model import GPT, GPTConfig
 
 
@@ -35,11 +35,6 @@ def linear_reference(q, k, v, causal, eps=1e-6):
 def make(T, **kw):
     cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='linear'), **kw})
     return build_attention(cfg, 0).double()
-
-
-def qkv(T, B=2, H=3, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
 # T not a multiple of the chunk, a multiple of it, shorter than it, chunk 1, the bidirectional form; ε large enough

@@ -3,11 +3,14 @@ query, softmax over every key but the query's own of t·q_i·k_j, t = exp(log t)
 then the weighted sum of the values. Float64, forward and gradients (q, k, v, log t), with t different per head and
 away from its initial 1/√D; the LSA ViT, and the GPT it refuses."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from rules import AttentionConfig, build_attention
 from conftest import ROOT, run_script
+from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig
 
@@ -37,9 +40,7 @@ def make(T, per_head, **kw):
     return attn
 
 
-def qkv(T, B=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+qkv = partial(shared_qkv, H=H, D=D)  # conftest's q, k, v at this file's head shape
 
 
 @pytest.mark.parametrize('per_head', [False, True], ids=['per-layer', 'per-head'])

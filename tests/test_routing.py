@@ -5,6 +5,7 @@ Then what is not in the formula: the k-means (once per optimizer step, never in 
 every rank), the commitment loss, memory linear in T, the cache, the settings."""
 import math
 import multiprocessing
+from functools import partial
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from rules import AttentionConfig, build_attention
 from conftest import assert_causal, cached_generation_equals_the_forward
+from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig, configure_adamw
 
 
@@ -57,9 +59,7 @@ def make(T, n_head=4, **kw):
     return attn
 
 
-def qkv(T, B=2, H=4, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+qkv = partial(shared_qkv, H=4)  # conftest's q, k, v at this file's head shape
 
 
 # T, local heads, C, w, RoPE: the window binding in clusters (w < cluster sizes) and not (w > T), T not a multiple of

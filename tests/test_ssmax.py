@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal, cached_generation_equals_the_forward
+from conftest import assert_causal, cached_generation_equals_the_forward, qkv
 from model import GPT, GPTConfig, configure_adamw
 
 S = [0.3, 0.9, 1.7]  # s per head, away from the initial value, so a mix-up of heads would show
@@ -36,11 +36,6 @@ def make(T, s=S, **kw):
     with torch.no_grad():
         attn.scale.copy_(torch.tensor(s, dtype=torch.float64))
     return attn
-
-
-def qkv(T, B=2, H=3, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
 @pytest.mark.parametrize('T,kw', [(13, dict()), (21, dict(causal=False)), (17, dict(window=5)), (1, dict())])

@@ -8,7 +8,7 @@ import torch
 
 from attention import SoftmaxAttention
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal, cached_generation_equals_the_forward
+from conftest import assert_causal, cached_generation_equals_the_forward, qkv
 from model import GPT, GPTConfig
 
 
@@ -34,11 +34,6 @@ def topk_reference(q, k, v, visible, topk):
 def make(T, **kw):
     cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='topk'), **kw})
     return build_attention(cfg, 0).double()
-
-
-def qkv(T, B=2, H=3, D=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
 # (T, k, keys): causal rows with fewer than k keys, k > T (softmax), k = 1, the ViT, query tiles of 4 rows (T not a
