@@ -15,7 +15,7 @@ from machinery.masks import band_mask, block_mask, dense_mask, run_flex
 
 def krause_reference(q, k, v, log_sigma, neighbours, topk):
     """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, log σ per head (H,), N_i as a (T, T) bool, k.
-    O(T²) memory: the reference the other paths equal (tests/test_krause.py); `attend` computes the same on the band."""
+    O(T²) memory: the reference the other paths equal (tests/test_krause.py); `attend` computes it on the band."""
     T = q.size(2)
     sigma2 = torch.exp(2 * log_sigma).view(1, -1, 1, 1)                        # σ_h², (1, H, 1, 1)
     score = -(q.unsqueeze(3) - k.unsqueeze(2)).pow(2).sum(-1) / (2 * sigma2)  # -‖q_i - k_j‖²/(2σ²), (B, H, T, T)

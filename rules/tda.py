@@ -23,8 +23,7 @@ def tda_reference(q1, k1, q2, k2, v, beta, lam, kappa, p, causal, head_norm):
     n = torch.arange(1, T + 1, dtype=v.dtype, device=v.device) if causal else \
         torch.full((T,), T, dtype=v.dtype, device=v.device)                    # the keys row i sees
     tau = beta * (2 * torch.log(n / kappa).clamp_min(0) / d).sqrt()            # τ_i, (T,)
-    visible = torch.ones(T, T, dtype=torch.bool, device=v.device)
-    visible = visible.tril() if causal else visible                            # j <= i where causal
+    visible = torch.ones(T, T, dtype=torch.bool, device=v.device).tril(0 if causal else T)  # j <= i where causal
 
     def view(q, k):  # a_ij = relu(q̂_i·k̂_j - τ_i)^p on visible pairs, 0 elsewhere, (B, H, T, T)
         s = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
