@@ -23,11 +23,11 @@ import machinery.kernels.krause as krause_kernel  # noqa: E402
 
 
 def selection_passes(W=256, topk=192, T=1024, D=64, seed=0):
-    """(programs, passes per program: mean, max) of one forward at this shape: each program calls topk_boundary
+    """(programs, passes per program: mean, max) of one forward at this shape: each program calls band_boundaries
     once and narrow once a pass, both counted (the interpreter runs the programs one after another)."""
     torch.manual_seed(seed)
     q, k, v = (torch.randn(1, 1, T, D).bfloat16() for _ in range(3))
-    passes, saved = [], (krause_kernel.topk_boundary, krause_kernel.narrow)
+    passes, saved = [], (krause_kernel.band_boundaries, krause_kernel.narrow)
 
     def program(*args, **kwargs):
         passes.append(0)
@@ -36,11 +36,11 @@ def selection_passes(W=256, topk=192, T=1024, D=64, seed=0):
     def counted(*args, **kwargs):
         passes[-1] += 1
         return saved[1](*args, **kwargs)
-    krause_kernel.topk_boundary, krause_kernel.narrow = program, counted
+    krause_kernel.band_boundaries, krause_kernel.narrow = program, counted
     try:
         krause_kernel.krause_band_attention(q, k, v, torch.zeros(1), W, topk)
     finally:
-        krause_kernel.topk_boundary, krause_kernel.narrow = saved
+        krause_kernel.band_boundaries, krause_kernel.narrow = saved
     return len(passes), sum(passes) / len(passes), max(passes)
 
 

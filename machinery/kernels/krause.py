@@ -96,7 +96,7 @@ def key_bits(span):  # (M,) at least the bit length of each uint32 span > 0 (its
 
 
 @jit
-def topk_boundary(keys_left, keys_diag, TOPK):
+def band_boundaries(keys_left, keys_diag, TOPK):
     """Each row's boundary (M,) from its scores' order keys (0 where unreached): halfway between its k-th and (k+1)-th
     largest reached score, as the math path's topk_boundary; -inf where a row reaches k keys or fewer. Any t with
     exactly k keys >= t keeps the same scores, so a radix search on the keys between the row's least and largest
@@ -136,7 +136,7 @@ def krause_forward_kernel(Q, K, V, INV_VAR, Y, LSE, BOUNDARY,
     # the band's scores held as order keys alone (0 outside the window) through the selection: half the registers
     keys_left = tile_keys(band_scores(q, k_left, inv_var, PRECISION), in_window(rows, left, W))
     keys_diag = tile_keys(band_scores(q, k_diag, inv_var, PRECISION), in_window(rows, rows, W))
-    boundary = topk_boundary(keys_left, keys_diag, TOPK)
+    boundary = band_boundaries(keys_left, keys_diag, TOPK)
     row_max = from_order_key(tl.maximum(tl.max(keys_left, 1), tl.max(keys_diag, 1)))  # the largest is always kept
     p_left, p_diag = kept_exp(keys_left, boundary, row_max), kept_exp(keys_diag, boundary, row_max)
     total = tl.sum(p_left, 1) + tl.sum(p_diag, 1)
