@@ -1,24 +1,24 @@
 """
 The frame every attention rule fits, then softmax, the rule every other is read against: `y = attn(x)`, x (B, T, C).
 Read it top to bottom: the frame (`Attention`: project, attend, out); softmax, its `attend` the formula as tensor
-ops; the masks (which keys a query sees); what several rules share, written once; the keys every layer reads. Each
-other rule is one file in rules/, named by its key; rules/__init__.py is the registry (`attention=<key>`). What
-makes the rules fast and lets them generate (the band, query tiles, BlockMasks, caches, RoPE) is in machinery/.
+ops; the frame of the rules whose rows need all their scores at once (entmax, ReLA); the keys every layer reads.
+Each other rule is one file in rules/, named by its key; rules/__init__.py is the registry (`attention=<key>`).
+What the rules are built from (the masks, the band and query tiles, the top-k selection, caches, RoPE, the
+kernels) is in machinery/, none of it a rule.
 Exact formulas, derivations, the papers' settings and their code's defects: docs/rules.md.
 """
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from machinery.band import band_keys, band_layout, band_queries, query_tiles, recompute_in_backward, unband
+from machinery.band import band_keys, band_layout, band_queries, tile_mask, tile_queries, unband
 from machinery.caches import KVCache, decode_sdpa
 from machinery.heads import merge_heads, split_heads, weights_of_linear_map
-from machinery.masks import FLEX_DEVICES, band_mask, block_mask, dense_mask, run_flex
+from machinery.masks import (FLEX_DEVICES, band_mask, block_mask, causal_mask, dense_mask, run_flex,
+                             sliding_window_mask, visible_keys)
 from machinery.rope import Rotary, check_rope_scaling
 from machinery.kernels.triton_available import kernel_on
 
@@ -238,122 +238,20 @@ class SoftmaxAttention(Attention):
 
 
 # -----------------------------------------------------------------------------
-# masks: which key j a query i may see, as small named mask_mods in the attention-gym style (compose them with
-# flex_attention's and_masks / or_masks). machinery/masks.py makes one into a BlockMask, a dense bool or the band's
-# tiles, once per shape; a factory is cached, so one mask is one object.
+# the flex masks of a model's layers, each layer asked for its own (a model calls it once per forward)
 
-def causal_mask(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
-def off_diagonal_mask(b, h, q_idx, kv_idx):  # every key but the query's own token (AttentionX's ViT form)
-    return q_idx != kv_idx
-
-
-@lru_cache(maxsize=None)
-def sliding_window_mask(window):
-    def sliding_window(b, h, q_idx, kv_idx):  # i - W < j <= i
-        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
-    return sliding_window
-
-
-@lru_cache(maxsize=None)
-def two_sided_window_mask(half):
-    def two_sided_window(b, h, q_idx, kv_idx):  # |i - j| <= half: half keys on each side, and the query's own
-        return (q_idx - kv_idx).abs() <= half
-    return two_sided_window
-
-
-@lru_cache(maxsize=None)
-def global_tokens_mask(n_global):
-    def global_tokens(b, h, q_idx, kv_idx):  # the first n_global tokens see all and are seen by all
-        return (q_idx < n_global) | (kv_idx < n_global)
-    return global_tokens
-
-
-@lru_cache(maxsize=None)
-def grid_mask(grid_size, radius, metric):
-    """Token 0 (CLS) sees and is seen by all; patch i (token 1 + i, row-major) sees patch j iff their distance on
-    the grid is at most `radius`, |Δr| + |Δc| ('manhattan') or max(|Δr|, |Δc|) ('chebyshev')."""
-    def grid_neighbours(b, h, q_idx, kv_idx):
-        dr = ((q_idx - 1) // grid_size - (kv_idx - 1) // grid_size).abs()
-        dc = ((q_idx - 1) % grid_size - (kv_idx - 1) % grid_size).abs()
-        distance = dr + dc if metric == 'manhattan' else torch.maximum(dr, dc)
-        return (q_idx == 0) | (kv_idx == 0) | (distance <= radius)
-    return grid_neighbours
+@torch.compiler.disable  # run eagerly, before the compiled graph: a graph cannot see block_mask's cache
+def build_flex_masks(layers, T, device):
+    """Each layer's flex_masks for T tokens (attention modules, in order), or None where no layer runs flex. A model
+    calls it once per forward and hands each layer its own: built once per shape, whatever the layers and calls."""
+    if not any(attn.path_name(device) == 'flex' for attn in layers):
+        return None
+    return [attn.flex_masks(T, device) if attn.path_name(device) == 'flex' else None for attn in layers]
 
 
 
 # -----------------------------------------------------------------------------
-# what several rules share, written once
-
-def visible_keys(attn, T):
-    """(T,) the keys each query sees: from the rule's mask_mod where it has one, else all earlier (causal) or all."""
-    mask_mod = getattr(attn, 'mask_mod', None)
-    if mask_mod is not None:
-        return dense_mask(mask_mod, T, 'cpu').sum(-1).double()
-    return torch.arange(1, T + 1, dtype=torch.float64) if attn.causal else torch.full((T,), float(T),
-                                                                                       dtype=torch.float64)
-
-
-def tile_queries(tile_output, T, tile_weights, causal):
-    """The query-tile loop: tile_output(start, end, n_keys), queries start..end-1 against the keys 0..n_keys-1 they
-    can see, for tiles of tile_weights // T queries, each recomputed in backward: memory linear in T, never T×T."""
-    tiles = query_tiles(T, max(1, tile_weights // T), causal)
-    return torch.cat([recompute_in_backward(tile_output, *tile) for tile in tiles], 2)  # (B, H, T, ·)
-
-
-def tile_mask(mask_mod, start, end, n_keys, device):  # (C, L) bool: which keys 0..n_keys-1 queries start..end-1 see
-    query, key = torch.arange(start, end, device=device), torch.arange(n_keys, device=device)
-    return mask_mod(None, None, query[:, None], key)
-
-
-class LearnedTemperature:
-    """
-    softmax(t · q kᵀ + mask) in place of softmax(q kᵀ / √D + mask), t = exp(log_temperature) learned, init 1/√D
-    (LSA's temperature, docs/rules.md#lsa), mixed into a softmax rule (first in its bases). Each softmax path (math,
-    SDPA, flex, the cache) is handed q·t·√D, so it runs unchanged and t keeps its gradient (no score_mod captures
-    it). A layer built without one (log_temperature None) hands q through as it is.
-    """
-
-    def init_temperature(self, learned, per_head=False):  # one t per layer, or one per head
-        shape = (self.n_head,) if per_head else ()
-        self.log_temperature = nn.Parameter(torch.full(shape, -0.5 * math.log(self.head_dim))) if learned else None
-
-    def sharpen(self, q):  # q·t·√D: softmax's q kᵀ/√D then gives t·q kᵀ
-        if self.log_temperature is None:
-            return q
-        scale = (self.log_temperature.exp() * math.sqrt(self.head_dim)).to(q.dtype).view(-1, 1, 1)  # (H or 1, 1, 1)
-        return q * scale
-
-    def attend(self, q, k, v):
-        return super().attend(self.sharpen(q), k, v)
-
-    def attend_fused(self, q, k, v):
-        return super().attend_fused(self.sharpen(q), k, v)
-
-    def attend_flex(self, q, k, v, masks=None):
-        return super().attend_flex(self.sharpen(q), k, v, masks)
-
-    def decode(self, q, k, v, cache):  # the cache keeps k and v as they are: only the new query is scaled
-        return super().decode(self.sharpen(q), k, v, cache)
-
-
-def topk_boundary(x, k):
-    """(..., n) -> (..., 1), no gradient: halfway between the k-th and the (k+1)-th largest value along the last
-    dim, so the top k are exactly the values at or above it (a tie at the k-th keeps all of it). A row with k or
-    fewer finite values gives -inf: keep them all."""
-    n = x.size(-1)
-    if k >= n:
-        return x.new_full((*x.shape[:-1], 1), float('-inf'))
-    if x.device.type == 'cpu' and x.dtype in (torch.float32, torch.float64):  # one selection finds both
-        with torch.no_grad():
-            both = np.partition(x.detach().numpy(), (n - k - 1, n - k), axis=-1)
-        return (torch.from_numpy(both[..., n - k:n - k + 1]) + torch.from_numpy(both[..., n - k - 1:n - k])) / 2
-    with torch.no_grad():
-        top = x.topk(k + 1, dim=-1).values  # one selection: the k-th and (k+1)-th are its last two
-    return (top[..., k - 1:k] + top[..., k:]) / 2
-
+# the frame of the rules whose rows need all their keys' scores at once
 
 class RowWeightsAttention(Attention):
     """
@@ -390,15 +288,6 @@ class RowWeightsAttention(Attention):
         keys, values = cache.tensors()
         return self.row_weights(q, keys).to(v.dtype) @ values
 
-
-
-@torch.no_grad()
-def cluster_usage(S):
-    """Soft assignments S (B, H, T, m) -> {'perplexity': exp H(mean assignment), 'entropy': mean H(S_j)}, (H,) each:
-    how many of the m clusters a head uses, and how hard its assignment is (0: one cluster per key)."""
-    mean = S.mean((0, 2))  # (H, m)
-    return {'perplexity': torch.exp(-torch.special.xlogy(mean, mean).sum(-1)),
-            'entropy': -torch.special.xlogy(S, S).sum(-1).mean((0, 2))}
 
 
 @dataclass

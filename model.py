@@ -11,10 +11,9 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import Attention
+from attention import Attention, build_flex_masks
 from rules import AttentionConfig, MixAttention, build_attention
 from machinery.caches import CacheGroup
-from machinery.masks import build_flex_masks
 
 
 @dataclass

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from attention import build_flex_masks
 from rules import AttentionConfig
-from machinery.masks import build_flex_masks
 from model import GPT, Block, LayerNorm, configure_adamw, init_rules
 
 

@@ -90,6 +90,18 @@ def recompute_in_backward(fn, *args):
     return checkpoint(fn, *args, use_reentrant=False)
 
 
+def tile_queries(tile_output, T, tile_weights, causal):
+    """The query-tile loop: tile_output(start, end, n_keys), queries start..end-1 against the keys 0..n_keys-1 they
+    can see, for tiles of tile_weights // T queries, each recomputed in backward: memory linear in T, never T×T."""
+    tiles = query_tiles(T, max(1, tile_weights // T), causal)
+    return torch.cat([recompute_in_backward(tile_output, *tile) for tile in tiles], 2)  # (B, H, T, ·)
+
+
+def tile_mask(mask_mod, start, end, n_keys, device):  # (C, L) bool: which keys 0..n_keys-1 queries start..end-1 see
+    query, key = torch.arange(start, end, device=device), torch.arange(n_keys, device=device)
+    return mask_mod(None, None, query[:, None], key)
+
+
 def exclusive_cumsum(x, dim):
     """Σ of the entries strictly before each index along dim (the first gets 0): x[0] + ... + x[i-1]."""
     head = x.narrow(dim, 0, x.size(dim) - 1).cumsum(dim)

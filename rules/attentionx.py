@@ -5,7 +5,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from attention import LearnedTemperature, SoftmaxAttention, off_diagonal_mask
+from attention import SoftmaxAttention
+from machinery.masks import off_diagonal_mask
+from machinery.temperature import LearnedTemperature
 
 
 @dataclass

@@ -6,9 +6,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import Attention, causal_mask, cluster_usage
+from attention import Attention
 from machinery.band import band_queries, exclusive_cumsum, unband
-from machinery.masks import band_mask
+from machinery.clusters import cluster_usage
+from machinery.masks import band_mask, causal_mask
 
 
 @dataclass

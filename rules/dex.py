@@ -5,8 +5,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from attention import SoftmaxAttention, visible_keys
+from attention import SoftmaxAttention
 from machinery.heads import weights_of_linear_map
+from machinery.masks import visible_keys
 
 
 @dataclass

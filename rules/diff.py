@@ -6,9 +6,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import Attention, causal_mask, visible_keys
+from attention import Attention
 from machinery.caches import KVCache
-from machinery.masks import dense_mask, run_flex
+from machinery.masks import causal_mask, dense_mask, run_flex, visible_keys
 
 
 @dataclass

@@ -6,11 +6,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import Attention, grid_mask, sliding_window_mask, topk_boundary, visible_keys
+from attention import Attention
 from machinery.band import band_keys, band_layout, band_queries, band_strip, band_view, unband
 from machinery.caches import KVCache
 from machinery.kernels.krause import MAX_WINDOW, krause_band_attention
-from machinery.masks import band_mask, block_mask, dense_mask, run_flex
+from machinery.masks import band_mask, block_mask, dense_mask, grid_mask, run_flex, sliding_window_mask, visible_keys
+from machinery.selection import topk_boundary
 
 
 def krause_reference(q, k, v, log_sigma, neighbours, topk):

@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import and_masks, or_masks
 
-from attention import Attention, global_tokens_mask, sliding_window_mask, two_sided_window_mask, visible_keys
+from attention import Attention
 from machinery.band import band_keys, band_layout, band_queries, unband
 from machinery.caches import KVCache, decode_sdpa
 from machinery.heads import weights_of_linear_map
-from machinery.masks import band_mask, run_flex
+from machinery.masks import (band_mask, global_tokens_mask, run_flex, sliding_window_mask, two_sided_window_mask,
+                             visible_keys)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """attention='lsa': locality self-attention, the diagonal masked and a learned temperature (docs/rules.md#lsa)."""
 from dataclasses import dataclass
 
-from attention import LearnedTemperature, SoftmaxAttention, off_diagonal_mask
+from attention import SoftmaxAttention
+from machinery.masks import off_diagonal_mask
+from machinery.temperature import LearnedTemperature
 
 
 @dataclass

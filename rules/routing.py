@@ -5,10 +5,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attention import Attention, cluster_usage, sliding_window_mask, visible_keys
+from attention import Attention
 from machinery.band import band_keys, band_layout, band_queries, unband
+from machinery.clusters import cluster_usage
 from machinery.heads import split_heads
-from machinery.masks import band_mask
+from machinery.masks import band_mask, sliding_window_mask, visible_keys
 
 
 @dataclass

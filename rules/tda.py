@@ -7,12 +7,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import AuxRequest
 
-from attention import Attention, causal_mask, tile_mask, tile_queries, visible_keys
+from attention import Attention
+from machinery.band import tile_mask, tile_queries
 from machinery.caches import KVCache
 from machinery.heads import split_heads
-from machinery.masks import run_flex
-from machinery.rope import Rotary
 from machinery.kernels.tda import tda_attention
+from machinery.masks import causal_mask, run_flex, visible_keys
+from machinery.rope import Rotary
 
 
 def tda_reference(q1, k1, q2, k2, v, beta, lam, kappa, p, causal, head_norm):

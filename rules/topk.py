@@ -5,9 +5,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attention import SoftmaxAttention, tile_mask, tile_queries, topk_boundary, visible_keys
-from machinery.band import query_tiles
-from machinery.masks import run_flex
+from attention import SoftmaxAttention
+from machinery.band import query_tiles, tile_mask, tile_queries
+from machinery.masks import run_flex, visible_keys
+from machinery.selection import topk_boundary
 
 
 @dataclass

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from attention import causal_mask, dense_mask
+from machinery.masks import causal_mask, dense_mask
 from rules import MixAttention
 from model import layer_inputs_outputs
 from prepare import ROOT, check_files, dataset_kind, read_meta, recorded_dataset, stored_as

@@ -28,7 +28,7 @@ Attention FLOPs per token: what a rule's path computes, counted by PyTorch, besi
   The ideal leaves out what the counted leaves out (norms, Krause's ||k||², linear's φ(q)·z). A band or chunked path
   computes more than its ideal (whole tiles of keys), and SDPA is counted whole (a causal call as T×T): both show.
   Each rule writes its own beside its formula (`ideal_flops(T)`: the frame's default raises, so a rule without one
-  fails tests/test_frame.py), using attention.visible_keys for n_i.
+  fails tests/test_frame.py), using machinery.masks.visible_keys for n_i.
 """
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count

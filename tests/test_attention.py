@@ -5,10 +5,10 @@ from functools import partial
 import pytest
 import torch
 
-from attention import sliding_window_mask, topk_boundary
+from machinery.selection import topk_boundary
 from rules import ATTENTION, AttentionConfig, build_attention
 from machinery.band import band_keys, band_layout, band_queries, band_strip, unband
-from machinery.masks import band_mask
+from machinery.masks import band_mask, sliding_window_mask
 from machinery.rope import Rotary
 from conftest import assert_causal
 from conftest import qkv as shared_qkv

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 
-from attention import off_diagonal_mask
+from machinery.masks import off_diagonal_mask
 from rules import AttentionConfig, build_attention
 from conftest import ROOT, assert_causal, cached_generation_equals_the_forward, run_script
 from conftest import qkv as shared_qkv

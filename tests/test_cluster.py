@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import cluster_usage
+from machinery.clusters import cluster_usage
 from rules import AttentionConfig, build_attention
 from conftest import assert_causal, qkv
 from model import GPT, GPTConfig, attention_reports

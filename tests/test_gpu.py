@@ -8,7 +8,7 @@ import torch
 
 from conftest import iter_losses, run_script
 
-from attention import dense_mask
+from machinery.masks import dense_mask
 from rules import AttentionConfig, KrauseAttention, MixAttention, TopkAttention, build_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex backward)")

@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from attention import SoftmaxAttention, dense_mask, grid_mask
+from attention import SoftmaxAttention
+from machinery.masks import dense_mask, grid_mask
 from rules import AttentionConfig, build_attention
 from rules.krause import krause_topk_schedule
 from conftest import assert_causal, qkv
