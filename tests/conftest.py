@@ -41,6 +41,15 @@ def qkv(T, B=2, H=3, D=8, seed=0):
     return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
+def build_layer(attention, T, layer_idx=0, n_head=3, head_dim=8, **keys):
+    """The rule tests' layer: attention=<attention> at n_head heads of head_dim (n_embd in keys overrides it),
+    block_size T, in float64; keys: any other config keys. A test file binds its rule's own parameters after it."""
+    from rules import AttentionConfig, build_attention  # after the interpreter is set: a rule imports its kernel
+    config = AttentionConfig(**{**dict(n_embd=n_head * head_dim, n_head=n_head, block_size=T, attention=attention),
+                                **keys})
+    return build_attention(config, layer_idx).double()
+
+
 def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):
     """Run a repo script as `python script args` runs it, on one CPU thread, from the repo root unless cwd says
     otherwise; return its combined output. A .py file is forked from a process that imported torch and this repo's

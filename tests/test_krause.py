@@ -11,7 +11,7 @@ from attention import SoftmaxAttention
 from machinery.masks import dense_mask, grid_mask
 from rules import AttentionConfig, build_attention
 from rules.krause import krause_topk_schedule
-from conftest import assert_causal, qkv
+from conftest import assert_causal, build_layer, qkv
 from model import GPT, GPTConfig
 
 
@@ -35,8 +35,7 @@ def krause_reference(q, k, v, sigma, visible, topk):
 
 
 def make(T, layer_idx=0, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='krause'), **kw})
-    attn = build_attention(cfg, layer_idx).double()
+    attn = build_layer('krause', T, layer_idx, **kw)
     with torch.no_grad():  # a different σ per head, so a mix-up of heads would show
         attn.log_sigma.copy_(torch.log(torch.tensor([0.7, 1.3, 2.5], dtype=torch.float64)))
     return attn

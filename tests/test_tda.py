@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal, cached_generation_equals_the_forward
+from conftest import assert_causal, build_layer, cached_generation_equals_the_forward
 from model import GPT, GPTConfig
 
 
@@ -32,9 +32,7 @@ def tda_reference(views, v, beta, lam, kappa, p, weight, eps, causal):
 
 
 def make(T, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='tda', tda_beta=0.6,
-                                    tda_lambda=0.3), **kw})
-    attn = build_attention(cfg, 0).double()
+    attn = build_layer('tda', T, **{**dict(tda_beta=0.6, tda_lambda=0.3), **kw})
     with torch.no_grad():  # a norm weight that is not all ones, so its gradient and its use both show
         attn.head_norm.weight.copy_(torch.linspace(0.5, 1.5, attn.head_dim, dtype=torch.float64))
     return attn
