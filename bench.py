@@ -11,7 +11,7 @@ $ python bench.py --attention=topk,linear,longformer --seq_lens=1024,8192   # se
 
 Every attention config key (rules.AttentionConfig) is a flag. --flex=True times the
 flex_attention path (forward only on CPU, where flex has no backward); --dense=True also times a
-rule's dense O(T²) form (`attend_dense`) where it has one. --mode=model times a whole GPT train step
+rule's formula as code, dense O(T²) (`attend_reference`), where it has one. --mode=model times a whole GPT train step
 (tokens/s) instead. Peak memory: CUDA allocator peak on GPU; on CPU the rise of the process's
 resident set (Linux only), which glibc's reuse of freed heap blocks can swell far past the live
 tensors (the query-tiled rules: many tiles' blocks); --live_memory=True measures those alone. Each
@@ -288,8 +288,8 @@ def bench_attention():
             module = build_attention(attention_config(attention=name, block_size=T), 0).to(device, ptdtype)
             # flex=True: the flex path here too (forward only on the CPU); else what forward runs
             paths = [('flex', module.attend_flex) if flex else (module.path_name(device), module.path(device))]
-            if dense and hasattr(module, 'attend_dense'):
-                paths.append(('dense', module.attend_dense))
+            if dense and hasattr(module, 'attend_reference'):
+                paths.append(('dense', module.attend_reference))
             for path, attend in paths:
                 row = dict(attention=name, path=path, T=T, device=device,
                            backward=backward and (path != 'flex' or is_cuda))

@@ -57,7 +57,9 @@ def build_attention(config, layer_idx):
     if config.mix_matched and not config.mix:
         raise ValueError("mix_matched=True halves the branches of a mix; pass --mix=True with it, or drop "
                          "--mix_matched")
-    return rule_class(config.attention, config.mix)(config, layer_idx)
+    check_attention_name(config.attention)
+    rule = ATTENTION[config.attention]
+    return MixAttention(config, layer_idx, rule) if config.mix else rule(config, layer_idx)
 
 
 def rule_class(attention, mix=False):

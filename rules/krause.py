@@ -42,59 +42,32 @@ class KrauseAttention(Attention):
     ("Krause Synchronization Transformers", arXiv 2602.11534, eq. 3; docs/rules.md#krause)
 
     Bounded confidence: a token listens only to its neighbours N_i, and among them only to the k closest; σ_h is
-    learned per head (log_sigma). N_i is the causal window i - W < j <= i in the GPT; in the ViT, the patches
-    within `krause_radius` on the grid (+ CLS, which sees and is seen by all), k growing over depth from k to 2k.
-    -||q_i||²/(2σ²) is the same along a row (it changes neither the top k nor the softmax), so it is dropped:
-    score_ij = q_i·k_j/σ² - ||k_j||²/(2σ²). The GPT's math path works on the band, O(T·W), never T×T; the ViT's
-    (65 tokens) on every pair, as the official code computes it (`attend_dense`, also bench.py's reference).
-    With mix=True, build_attention makes the paper's LM form: a softmax branch beside it (MixAttention).
+    learned per head (log_sigma). Two models, two pieces below: the GPT's N_i is the causal window i - W < j <= i
+    (KrauseBand); the ViT's, the patches within `krause_radius` on the grid (+ CLS, which sees and is seen by all),
+    k growing over depth from k to 2k (KrauseGrid); building KrauseAttention gives the one `causal` asks for.
+    -||q_i||²/(2σ²) is the same along a row (it changes neither the top k nor the softmax), so the paths drop it:
+    score_ij = q_i·k_j/σ² - ||k_j||²/(2σ²). With mix=True, build_attention makes the paper's LM form: a softmax
+    branch beside it (MixAttention).
     """
-    has_bidirectional_form, has_cache, has_flex = True, True, True
+    # what the two pieces have together (the registry's); each piece below says what it lacks
+    has_bidirectional_form = True
+    has_cache = True
+    has_flex = True
     Config = KrauseConfig
+
+    def __new__(cls, config, layer_idx):  # the GPT's band or the ViT's grid, as config.causal says
+        if cls is KrauseAttention:
+            cls = KrauseBand if config.causal else KrauseGrid
+        return super().__new__(cls)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
-        W, k, grid_size = config.krause_window, config.krause_topk, config.grid_size
         if not (math.isfinite(config.krause_sigma) and config.krause_sigma > 0):
             raise ValueError(f"krause_sigma must be > 0 and finite, got {config.krause_sigma}")
-        if config.causal and W < 1:
-            raise ValueError(f"krause_window must be >= 1, got {W}")
-        if config.causal and not 1 <= k <= W:
-            raise ValueError(f"krause_topk must be in [1, krause_window={W}], got {k}")
-        if not config.causal and (grid_size < 1 or config.block_size != 1 + grid_size * grid_size):
-            raise ValueError(f"non-causal Krause needs a square patch grid: grid_size={grid_size} with block_size = "
-                             f"1 + grid_size² tokens (got block_size={config.block_size}); use it in a ViT")
-        if not config.causal and config.krause_metric not in ('manhattan', 'chebyshev'):
-            raise ValueError(f"krause_metric must be 'manhattan' or 'chebyshev', got '{config.krause_metric}'")
-        if not config.causal and (config.krause_radius < 0 or k < 1):
-            raise ValueError(f"krause_radius must be >= 0 and krause_topk >= 1, got {config.krause_radius}, {k}")
         self.log_sigma = nn.Parameter(torch.full((self.n_head,), math.log(config.krause_sigma)))
-        if config.causal:  # N_i: the last W keys
-            self.krause_window, self.topk, self.grid = W, k, None
-            self.mask_mod = sliding_window_mask(W)
-            self.has_kernel = W <= MAX_WINDOW  # the band's Triton kernel (the ViT's grid has none)
-        else:  # N_i: the patch grid's neighbourhood, k growing over depth
-            self.topk = krause_topk_schedule(k, config.n_layer)[layer_idx]
-            self.grid = (grid_size, config.krause_radius, config.krause_metric)
-            self.mask_mod = grid_mask(*self.grid)
 
     def attend_reference(self, q, k, v):  # the formula (krause_reference) with this layer's σ, N_i and k
         return krause_reference(q, k, v, self.log_sigma, dense_mask(self.mask_mod, q.size(2), q.device), self.topk)
-
-    def attend(self, q, k, v):
-        if self.grid:  # the ViT: 65 tokens, every pair
-            return self.attend_dense(q, k, v)
-        T = q.size(2)
-        W, tile, lookback = band_layout(self.krause_window, T)
-        weights = self.topk_softmax_within(self.scores(q, k, band=(tile, lookback)), self.neighbours(T, q.device),
-                                           lambda s: band_strip(s, W))   # (B, H, n, tile, tile+lookback)
-        return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
-
-    def attend_kernel(self, q, k, v):
-        """The GPT's band as one Triton kernel (machinery/kernels/krause.py: the top k by an exact selection in
-        registers, flash-style backward), what forward runs on CUDA. Like flex, it drops no weights (train.py's start-up
-        line says so where dropout is set); the residual dropout in `out` applies."""
-        return krause_band_attention(q, k, v, self.log_sigma, self.krause_window, self.topk)
 
     def inv_var(self):
         return torch.exp(-2 * self.log_sigma).view(1, -1, 1, 1)  # 1/σ² per head, (1, H, 1, 1)
@@ -102,20 +75,11 @@ class KrauseAttention(Attention):
     def key_bias(self, k):  # (B, H, T, D) -> (B, H, T): -||k||²/(2σ²)
         return -0.5 * (k * k).sum(-1) * self.inv_var()[..., 0]
 
-    def scores(self, q, k, key_bias=None, band=None, view=False):
-        """score_ij = (q_i/σ²)·k_j - ||k_j||²/(2σ²) for every pair (B, H, T, L), or with band = (tile, lookback) on
-        the band (B, H, n, tile, tile + lookback). key_bias (B, H, L, 1): the keys' biases, where a cache holds them.
-        view: the band's keys as a strided view (band_view), not a copy; no gradient (flex's pre-pass)."""
-        q_scaled = q * self.inv_var()
+    def scores(self, q, k, key_bias=None):
+        """score_ij = (q_i/σ²)·k_j - ||k_j||²/(2σ²) for every pair, (B, H, T, L). key_bias (B, H, L, 1): the keys'
+        biases, where a cache holds them."""
         key_bias = self.key_bias(k).unsqueeze(-1) if key_bias is None else key_bias        # (B, H, L, 1)
-        if band is None:
-            return q_scaled @ k.transpose(-1, -2) + key_bias.transpose(-1, -2)
-        tile, lookback = band
-        if view:
-            keys, biases = band_view(k, tile, lookback), band_view(key_bias, tile, lookback)
-        else:
-            keys, biases = (band_keys(t, tile, lookback).transpose(-1, -2) for t in (k, key_bias))
-        return band_queries(q_scaled, tile) @ keys + biases
+        return (q * self.inv_var()) @ k.transpose(-1, -2) + key_bias.transpose(-1, -2)
 
     def topk_softmax_within(self, scores, mask, reachable=None):
         """The weights from fresh scores and the neighbourhood mask (None: all visible): the top k of each row
@@ -126,16 +90,6 @@ class KrauseAttention(Attention):
         boundary = topk_boundary(scores if reachable is None else reachable(scores), self.topk)
         scores = scores.masked_fill(scores < boundary, float('-inf'))
         return F.dropout(scores.softmax(-1), self.dropout, self.training)
-
-    def attend_dense(self, q, k, v):
-        """Every (i, j) pair, a (B, H, T, T) matrix: the ViT's path, and the official code's way for the GPT."""
-        return self.topk_softmax_within(self.scores(q, k), dense_mask(self.mask_mod, q.size(2), q.device)) @ v
-
-    def neighbours(self, T, device):  # N_i off flex: on the band (GPT), every pair (ViT)
-        if self.grid:
-            return dense_mask(self.mask_mod, T, device)
-        _, tile, lookback = band_layout(self.krause_window, T)
-        return band_mask(self.mask_mod, T, tile, lookback, device)
 
     def attend_flex(self, q, k, v, masks=None):
         # exp((q/σ²)·k + bias_j) under the neighbourhood BlockMask, the top k kept by each row's boundary from a
@@ -157,24 +111,62 @@ class KrauseAttention(Attention):
     def flex_masks(self, T, device):  # the BlockMask, and the pre-pass's neighbourhood
         return block_mask(self.mask_mod, T, device), self.neighbours(T, device)
 
-    @torch.no_grad()
-    def topk_boundaries(self, q, k, mask):
-        """Each row's top-k boundary (B, H, T) from the scores alone (the GPT: one selection among the W slots a
-        row reaches on the band; the ViT: every pair)."""
-        if self.grid:
-            return topk_boundary(self.scores(q, k).masked_fill(~mask, float('-inf')), self.topk)[..., 0]
-        T = q.size(2)
-        W, tile, lookback = band_layout(self.krause_window, T)
-        scores = self.scores(q, k, band=(tile, lookback), view=True).masked_fill(~mask, float('-inf'))
-        return unband(topk_boundary(band_strip(scores, W), self.topk), T)[..., 0]
-
     def ideal_flops(self, T):  # every neighbour scored, the top k summed: n_i the window or the grid neighbourhood
         n, C = visible_keys(self, T), self.n_head * self.head_dim
         return 2 * C * n.mean().item() + 2 * C * n.clamp_max(self.topk).mean().item()
 
+
+class KrauseBand(KrauseAttention):
+    """The GPT's Krause: N_i the last W keys. Its math path works on the band, O(T·W), never T×T; its kernel
+    (machinery/kernels/krause.py) on CUDA; its cache a ring of the last W keys."""
+    has_bidirectional_form = False
+    has_kernel = True  # up to MAX_WINDOW keys (a count fits the kernel's selection)
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        W, k = config.krause_window, config.krause_topk
+        if W < 1:
+            raise ValueError(f"krause_window must be >= 1, got {W}")
+        if not 1 <= k <= W:
+            raise ValueError(f"krause_topk must be in [1, krause_window={W}], got {k}")
+        self.krause_window, self.topk, self.mask_mod = W, k, sliding_window_mask(W)
+        self.has_kernel = W <= MAX_WINDOW
+
+    def attend(self, q, k, v):
+        T = q.size(2)
+        W, tile, lookback = band_layout(self.krause_window, T)
+        weights = self.topk_softmax_within(self.band_scores(q, k, tile, lookback), self.neighbours(T, q.device),
+                                           lambda s: band_strip(s, W))   # (B, H, n, tile, tile+lookback)
+        return unband(weights @ band_keys(v, tile, lookback), T)          # (B, H, T, D)
+
+    def attend_kernel(self, q, k, v):
+        """The band as one Triton kernel (machinery/kernels/krause.py: the top k by an exact selection in registers,
+        flash-style backward), what forward runs on CUDA. Like flex, it drops no weights (train.py's start-up line
+        says so where dropout is set); the residual dropout in `out` applies."""
+        return krause_band_attention(q, k, v, self.log_sigma, self.krause_window, self.topk)
+
+    def band_scores(self, q, k, tile, lookback, view=False):
+        """The scores on the band, (B, H, n, tile, tile + lookback). view: the band's keys as a strided view
+        (band_view), not a copy; no gradient (flex's pre-pass)."""
+        key_bias = self.key_bias(k).unsqueeze(-1)                                          # (B, H, T, 1)
+        if view:
+            keys, biases = band_view(k, tile, lookback), band_view(key_bias, tile, lookback)
+        else:
+            keys, biases = (band_keys(t, tile, lookback).transpose(-1, -2) for t in (k, key_bias))
+        return band_queries(q * self.inv_var(), tile) @ keys + biases
+
+    def neighbours(self, T, device):  # N_i on the band, (n, tile, tile + lookback) bool
+        _, tile, lookback = band_layout(self.krause_window, T)
+        return band_mask(self.mask_mod, T, tile, lookback, device)
+
+    @torch.no_grad()
+    def topk_boundaries(self, q, k, mask):  # (B, H, T): one selection among the W slots each row reaches
+        T = q.size(2)
+        W, tile, lookback = band_layout(self.krause_window, T)
+        scores = self.band_scores(q, k, tile, lookback, view=True).masked_fill(~mask, float('-inf'))
+        return unband(topk_boundary(band_strip(scores, W), self.topk), T)[..., 0]
+
     def new_cache(self):  # a ring of the last krause_window keys and values: constant memory for ever
-        if self.grid:
-            raise ValueError("the 2-D (ViT) Krause form does not generate; a cache is for the causal GPT form")
         return KVCache(self.krause_window)
 
     def fill(self, cache, q, k, v):  # each key's bias goes in the ring beside it: computed once, not W times
@@ -183,7 +175,38 @@ class KrauseAttention(Attention):
     def decode(self, q, k, v, cache):  # (B, H, 1, D): the top k of the (up to W) keys the ring holds
         cache.append(k, v, self.key_bias(k).unsqueeze(-1))
         keys, values, key_bias = cache.tensors()                # (B, H, n <= W, D), (B, H, n, D), (B, H, n, 1)
-        return self.topk_softmax_within(self.scores(q, keys, key_bias), None) @ values  # every key the ring holds: visible
+        return self.topk_softmax_within(self.scores(q, keys, key_bias), None) @ values  # the ring: all visible
+
+
+class KrauseGrid(KrauseAttention):
+    """The ViT's Krause: N_i the patches within krause_radius on the grid, + CLS; k growing over depth. Its math
+    path scores every pair (65 tokens), as the official code does. A ViT does not generate: no cache."""
+    has_causal_form = False
+    has_cache = False
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        grid_size, k = config.grid_size, config.krause_topk
+        if grid_size < 1 or config.block_size != 1 + grid_size * grid_size:
+            raise ValueError(f"non-causal Krause needs a square patch grid: grid_size={grid_size} with block_size = "
+                             f"1 + grid_size² tokens (got block_size={config.block_size}); use it in a ViT")
+        if config.krause_metric not in ('manhattan', 'chebyshev'):
+            raise ValueError(f"krause_metric must be 'manhattan' or 'chebyshev', got '{config.krause_metric}'")
+        if config.krause_radius < 0 or k < 1:
+            raise ValueError(f"krause_radius must be >= 0 and krause_topk >= 1, got {config.krause_radius}, {k}")
+        self.topk = krause_topk_schedule(k, config.n_layer)[layer_idx]
+        self.grid = (grid_size, config.krause_radius, config.krause_metric)
+        self.mask_mod = grid_mask(*self.grid)
+
+    def attend(self, q, k, v):  # every (i, j) pair, a (B, H, T, T) matrix
+        return self.topk_softmax_within(self.scores(q, k), self.neighbours(q.size(2), q.device)) @ v
+
+    def neighbours(self, T, device):  # N_i on every pair, (T, T) bool
+        return dense_mask(self.mask_mod, T, device)
+
+    @torch.no_grad()
+    def topk_boundaries(self, q, k, mask):  # (B, H, T): from every pair's scores
+        return topk_boundary(self.scores(q, k).masked_fill(~mask, float('-inf')), self.topk)[..., 0]
 
 
 def krause_topk_schedule(topk, n_layer):

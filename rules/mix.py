@@ -23,17 +23,20 @@ class MixAttention(Attention):
     so the pair holds one softmax layer's attention parameters, plus the gate and the rule's own: the parameter-
     matched form of a comparison with softmax. Otherwise H' = H and the pair holds twice softmax's.
     """
-    has_cache, has_flex, fused, has_kernel = True, True, True, True  # has_*: where the rule's branch has them (below)
+    # has_*: where the rule's branch has them (set per layer, below); the softmax branch has all of them
+    has_cache = True
+    has_flex = True
+    fused = True
+    has_kernel = True
     projections = None  # each branch brings its own
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, rule):  # rule: the class of the rule's branch (the registry's)
         if not config.causal:
             raise ValueError("mix is the language-model form (causal=True); use mix=False in a ViT")
         super().__init__(config, layer_idx)
         branch = self.branch_config(config)
         self.softmax = SoftmaxAttention(branch, layer_idx)
-        from rules import ATTENTION  # the registry imports this file: it is read when a mix is built, not before
-        self.rule = ATTENTION[config.attention](branch, layer_idx)
+        self.rule = rule(branch, layer_idx)
         if config.mix_matched:  # each branch reads from and writes to the C-wide residual stream
             for layer in (self.softmax, self.rule):
                 layer.c_attn = nn.Linear(config.n_embd, layer.c_attn.out_features, bias=config.bias)

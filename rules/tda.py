@@ -16,21 +16,23 @@ from machinery.masks import causal_mask, run_flex, visible_keys
 from machinery.rope import Rotary
 
 
-def tda_reference(q1, k1, q2, k2, v, beta, lam, kappa, p, causal, head_norm):
-    """The formula, every (i, j) pair at once: (B, H, T, d) views q1, k1 and q2, k2 (None: one view, TRA), v
-    (B, H, T, D), β, λ, κ, p, causal, the per-head RMSNorm. O(T²) memory: the reference the other paths equal
-    (tests/test_tda.py); `attend` computes the same in tiles of queries."""
-    T, d = q1.size(2), q1.size(-1)
+def tda_reference(queries, keys, v, beta, lam, kappa, p, causal, head_norm):
+    """The formula, every (i, j) pair at once: each view's (B, H, T, d) queries [q1, q2] and keys [k1, k2] (one of
+    each: TRA), v (B, H, T, D), β, λ, κ, p, causal, the per-head RMSNorm. O(T²) memory: the reference the other
+    paths equal (tests/test_tda.py); `attend` computes the same in tiles of queries."""
+    T, view_dim = v.size(2), queries[0].size(-1)
     n = torch.arange(1, T + 1, dtype=v.dtype, device=v.device) if causal else \
         torch.full((T,), T, dtype=v.dtype, device=v.device)                    # the keys row i sees
-    tau = beta * (2 * torch.log(n / kappa).clamp_min(0) / d).sqrt()            # τ_i, (T,)
+    tau = beta * (2 * torch.log(n / kappa).clamp_min(0) / view_dim).sqrt()     # τ_i, (T,)
     visible = torch.ones(T, T, dtype=torch.bool, device=v.device).tril(0 if causal else T)  # j <= i where causal
 
     def view(q, k):  # a_ij = relu(q̂_i·k̂_j - τ_i)^p on visible pairs, 0 elsewhere, (B, H, T, T)
         s = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
         return ((s - tau[:, None]).relu() ** p).masked_fill(~visible, 0)
 
-    a = view(q1, k1) if q2 is None else view(q1, k1) - lam * view(q2, k2)     # a¹ - λa²
+    a = view(queries[0], keys[0])                                              # a¹
+    if len(queries) == 2:
+        a = a - lam * view(queries[1], keys[1])                                # a¹ - λa²
     return head_norm(a @ v)                                                    # o_i = RMSNorm(Σ_j a_ij v_j)
 
 
@@ -60,12 +62,14 @@ class ThresholdDifferentialAttention(Attention):
     eps (tda_eps) bounds how much a row is amplified: an empty row gives exactly 0. tda_differential=False keeps
     view 1 only (TRA). The views are full width (d = D, c_attn 5C) or, with tda_matched, the two halves of one q
     and k per head (d = D/2, c_attn 3C: softmax's parameters, as Diff's views are), each half rotated by RoPE as a
-    head of D/2; v is D wide either way. Math path: queries in tiles of tile_weights // T, each recomputed in
-    backward, so memory is linear in T. Kernel path, what forward runs on CUDA: the Triton kernel in
-    machinery/kernels/tda.py. Flex path: one call, both views on the head axis, τ through the queries (derivation:
-    docs/rules.md#tda). No attention-weight dropout on any path.
+    head of D/2; v is D wide either way. Paths: the math path in query tiles (recomputed in backward: memory linear
+    in T); the kernel (machinery/kernels/tda.py), what forward runs on CUDA; flex, both views on the head axis, τ
+    through the queries (docs/rules.md#tda). No attention-weight dropout on any path.
     """
-    has_bidirectional_form, has_cache, has_flex, has_kernel = True, True, True, True
+    has_bidirectional_form = True
+    has_cache = True
+    has_flex = True
+    has_kernel = True
     projections = ('q1', 'k1', 'q2', 'k2', 'v')
     weights_note = "a1 - lam*a2: signed, rows not summing to 1, and the per-head RMSNorm after W v rescales each row"
     Config, reads = TDAConfig, ('tile_weights',)
@@ -103,26 +107,24 @@ class ThresholdDifferentialAttention(Attention):
         self.mask_mod = causal_mask if self.causal else None  # after the threshold (weights); flex's BlockMask
 
     def attend_reference(self, *tensors):  # the formula (tda_reference) with this layer's views and parameters
-        qk, v = self.split_views(tensors)
-        q1, k1, q2, k2 = qk + [None] * (4 - len(qk))
         lam = torch.sigmoid(self.lambda_logit) if self.two_views else None
-        return tda_reference(q1, k1, q2, k2, v, self.log_beta.exp(), lam, self.kappa, self.p, self.causal,
+        return tda_reference(*self.split_views(tensors), self.log_beta.exp(), lam, self.kappa, self.p, self.causal,
                              self.head_norm)
 
     def attend(self, *tensors):  # q1, k1, q2, k2, v (single view: q1, k1, v; matched: q, k, v), (B, H, T, D) each
-        qk, v = self.split_views(tensors)
-        qk, T = [F.normalize(t, dim=-1) for t in qk], v.size(2)
-        tau = self.threshold(T, v.device)
-        tile_output = lambda start, end, n_keys: self.weights_in_tile(qk, tau, start, end, n_keys) @ v[:, :, :n_keys]
-        return self.head_norm(tile_queries(tile_output, T, self.tile_weights, self.causal))  # (B, H, T, D)
+        queries, keys, v = self.split_views(tensors, normalise=True)
+        tau = self.threshold(v.size(2), v.device)
+
+        def tile_output(start, end, n_keys):  # queries start..end-1 against keys 0..n_keys-1
+            return self.weights_in_tile(queries, keys, tau, start, end, n_keys) @ v[:, :, :n_keys]
+        return self.head_norm(tile_queries(tile_output, v.size(2), self.tile_weights, self.causal))  # (B, H, T, D)
 
     def attend_kernel(self, *tensors):
         """The sum over keys as one Triton kernel (machinery/kernels/tda.py: relu(s - τ)^p times v in one pass, no
         softmax statistics, a backward that recomputes the scores), what forward runs on CUDA."""
-        qk, v = self.split_views(tensors)
-        q1, k1, q2, k2 = [F.normalize(t, dim=-1) for t in qk] + [None] * (4 - len(qk))
-        lam = torch.sigmoid(self.lambda_logit) if self.two_views else None
-        y = tda_attention(q1, k1, q2, k2, v, self.threshold(v.size(2), v.device), lam, self.p, self.causal)
+        queries, keys, v = self.split_views(tensors, normalise=True)
+        q2, k2, lam = (queries[1], keys[1], torch.sigmoid(self.lambda_logit)) if self.two_views else (None,) * 3
+        y = tda_attention(queries[0], keys[0], q2, k2, v, self.threshold(v.size(2), v.device), lam, self.p, self.causal)
         return self.head_norm(y)  # (B, H, T, D)
 
     def threshold(self, T, device, start=0):
@@ -144,78 +146,80 @@ class ThresholdDifferentialAttention(Attention):
         halves = x.unflatten(-1, (2, -1)).transpose(2, 3).flatten(1, 2)                # (B, 2H, T, D/2)
         return self.rope(halves, offset).unflatten(1, (-1, 2)).transpose(2, 3).flatten(3)
 
-    def split_views(self, tensors):
-        """What project returns -> ([q1, k1(, q2, k2)], v): matched, the halves of each head's q and k."""
+    def split_views(self, tensors, normalise=False):
+        """What project returns -> ([q1(, q2)], [k1(, k2)], v), each view's queries and keys unit length where
+        `normalise`; matched: the halves of each head's q and k."""
         *qk, v = tensors
         if self.matched:
-            (q, k), d = qk, self.view_dim
-            qk = [q[..., :d], k[..., :d], q[..., d:], k[..., d:]]
-        return qk, v
+            (q, k), half = qk, self.view_dim
+            qk = [q[..., :half], k[..., :half], q[..., half:], k[..., half:]]
+        if normalise:
+            qk = [F.normalize(x, dim=-1) for x in qk]
+        return qk[0::2], qk[1::2], v
 
     def view_weights(self, q, k, threshold):  # (B, H, C, D), (B, H, L, D), (C, L) -> (B, H, C, L)
         return (q @ k.transpose(-1, -2) - threshold).relu() ** self.p
 
-    def threshold_weights(self, qk, threshold):
-        """a¹ - λa² from normalised q1, k1(, q2, k2) and the thresholds (C, L), +inf where a key is hidden."""
-        a = self.view_weights(qk[0], qk[1], threshold)
+    def threshold_weights(self, queries, keys, threshold):
+        """a¹ - λa² from each view's unit queries and keys and the thresholds (C, L), +inf where a key is hidden."""
+        a = self.view_weights(queries[0], keys[0], threshold)
         if self.two_views:
-            a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(qk[2], qk[3], threshold)
+            a = a - torch.sigmoid(self.lambda_logit) * self.view_weights(queries[1], keys[1], threshold)
         return a
 
-    def weights_in_tile(self, qk, tau, start, end, n_keys):  # queries start..end-1, keys 0..n_keys-1: (B, H, C, L)
+    def weights_in_tile(self, queries, keys, tau, start, end, n_keys):  # queries start..end-1, keys 0..n_keys-1
         threshold = tau[start:end, None].expand(-1, n_keys)  # (C, L)
         if self.causal:  # a hidden key gets an infinite threshold: relu(s - ∞) = 0, whatever s is
             threshold = threshold.masked_fill(~tile_mask(causal_mask, start, end, n_keys, tau.device), float('inf'))
-        return self.threshold_weights([t[:, :, start:end] if i % 2 == 0 else t[:, :, :n_keys] for i, t in enumerate(qk)],
-                            threshold)
+        return self.threshold_weights([q[:, :, start:end] for q in queries], [k[:, :, :n_keys] for k in keys],
+                                      threshold)  # (B, H, C, L)
 
     def attend_flex(self, *tensors, masks=None):
-        # exp(score_mod) = relu(q̃·k̂ - t_i)^p with q̃ = q̂/d_i, so Σ_j a_ij v_j = d_i^p · y_i · exp(lse_i), y flex's
-        # output (d_i = τ_i, or 1 where τ_i = 0; t_i = [τ_i > 0]): nothing captured needs a gradient. λ after flex.
-        qk, v = self.split_views(tensors)
+        # exp(score_mod) = relu(q̃·k̂ - τ̃_i)^p with q̃ = q̂/c_i, τ̃_i = τ_i/c_i, so Σ_j a_ij v_j = c_i^p · y_i · exp(lse_i),
+        # y flex's output (c_i = τ_i, or 1 where τ_i = 0: τ̃_i is 1 or 0): nothing captured needs a gradient. λ after.
+        queries, keys, v = self.split_views(tensors, normalise=True)
         B, H, T, D = v.shape
-        views, p, floor = len(qk) // 2, self.p, self.log_floor
+        views, p, floor = len(queries), self.p, self.log_floor
         tau = self.threshold(T, v.device)                                        # (T,)
         passed = tau > 0
-        d, t = torch.where(passed, tau, torch.ones_like(tau)), passed.to(v.dtype)  # (T,) each; t needs no gradient
-        q = torch.cat([F.normalize(x, dim=-1) for x in qk[0::2]], 1) / d.to(v.dtype)[:, None]  # (B, views·H, T, d)
-        k = torch.cat([F.normalize(x, dim=-1) for x in qk[1::2]], 1)
+        scale = torch.where(passed, tau, torch.ones_like(tau))                   # c_i, (T,)
+        scaled_tau = passed.to(v.dtype)                                          # τ̃_i, (T,): needs no gradient
+        q = torch.cat(queries, 1) / scale.to(v.dtype)[:, None]                   # (B, views·H, T, view_dim)
+        k = torch.cat(keys, 1)
 
-        def threshold_score(score, b, h, q_idx, kv_idx):  # log relu(q̃·k̂ - t_i)^p; -inf (weight 0) at or below
-            excess = score - t[q_idx]
+        def threshold_score(score, b, h, q_idx, kv_idx):  # log relu(q̃·k̂ - τ̃_i)^p; -inf (weight 0) at or below
+            excess = score - scaled_tau[q_idx]
             return torch.where(excess > 0, p * torch.log(excess.clamp_min(floor)), float('-inf'))
 
         y, aux = run_flex(q, k, v.repeat(1, views, 1, 1), score_mod=threshold_score, scale=1.0,
                           block_mask=self.flex_masks(T, v.device) if masks is None else masks,
                           return_aux=AuxRequest(lse=True))
-        y = (y * (aux.lse + p * torch.log(d)).exp().unsqueeze(-1)).view(B, views, H, T, D)  # Σ_j a_ij v_j per view
+        y = (y * (aux.lse + p * torch.log(scale)).exp().unsqueeze(-1)).view(B, views, H, T, D)  # Σ_j a_ij v_j per view
         if self.two_views:
             return self.head_norm((y[:, 0] - torch.sigmoid(self.lambda_logit) * y[:, 1]).to(v.dtype))
         return self.head_norm(y[:, 0].to(v.dtype))
 
     def ideal_flops(self, T):  # per view a score map d wide (matched: the halves, D/2), then one W v
-        views = 2 if self.two_views else 1
-        C = self.n_head * self.head_dim
+        views, C = (2 if self.two_views else 1), self.n_head * self.head_dim
         return (2 * views * self.view_dim / self.head_dim + 2) * C * visible_keys(self, T).mean().item()
 
     def new_cache(self):  # every normalised key of each view and every value: grows with the context
         return KVCache()
 
     def fill(self, cache, *tensors):
-        qk, v = self.split_views(tensors)
-        cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
+        _, keys, v = self.split_views(tensors, normalise=True)
+        cache.append(*keys, v)
 
     def decode(self, *tensors, cache):  # what project returns for one token, (B, H, 1, D) each
-        qk, v = self.split_views(tensors)
+        queries, keys, v = self.split_views(tensors, normalise=True)
         tau = self.threshold(1, v.device, start=cache.pos)  # τ at the new token's absolute position
-        cache.append(*[F.normalize(k, dim=-1) for k in qk[1::2]], v)
+        cache.append(*keys, v)
         *keys, values = cache.tensors()                      # (B, H, pos, D) each: every key is visible
-        queries = [F.normalize(q, dim=-1) for q in qk[0::2]]
-        return self.head_norm(self.threshold_weights([x for pair in zip(queries, keys) for x in pair], tau) @ values)
+        return self.head_norm(self.threshold_weights(queries, keys, tau) @ values)
 
     def attention_weights(self, *tensors):
         """For analysis: the whole (B, H, T, T) matrix a¹ - λa² from what project returns (short T only): the weights
         before the RMSNorm, which is not linear in v (so the frame's identity-basis weights do not apply)."""
-        qk, v = self.split_views(tensors)
+        queries, keys, v = self.split_views(tensors, normalise=True)
         T = v.size(2)
-        return self.weights_in_tile([F.normalize(t, dim=-1) for t in qk], self.threshold(T, v.device), 0, T, T)
+        return self.weights_in_tile(queries, keys, self.threshold(T, v.device), 0, T, T)

@@ -103,11 +103,11 @@ def test_vit_topk_schedule():
     assert krause_topk_schedule(8, 12) == [8, 9, 9, 10, 11, 12, 12, 13, 14, 15, 15, 16]
 
 
-def test_dense_form_equals_band():
+def test_the_formula_equals_the_band():
     T = 40
     attn = make(T, krause_window=8, krause_topk=5)
     q, k, v = qkv(T)
-    torch.testing.assert_close(attn.attend_dense(q, k, v), attn.attend(q, k, v), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(attn.attend_reference(q, k, v), attn.attend(q, k, v), atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize('kw', [dict(), dict(mix=True), dict(mix=True, mix_matched=True), dict(pos_emb='rope')])

@@ -54,8 +54,7 @@ def test_imports_read_downward():
 
 def test_a_rule_file_imports_the_frame_and_the_machinery_only():
     """rules/<key>.py: attention.py (the frame, softmax, what rules share), machinery/, torch, numpy and the standard
-    library at its top, never another rule; the mix alone reads the registry, inside the function that builds it
-    (the registry imports the mix)."""
+    library at its top, never another rule, and nothing below the top (the registry hands the mix its rule)."""
     for path in tracked('rules/*.py'):
         tree = ast.parse(path.read_text())
         top = {node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))}
@@ -68,7 +67,7 @@ def test_a_rule_file_imports_the_frame_and_the_machinery_only():
             continue
         assert names <= RULE_IMPORTS, (path, names - RULE_IMPORTS)
         late = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node not in top}
-        assert late <= ({'rules'} if path.name == 'mix.py' else set()), (path, late)
+        assert not late, (path, late)
 
 
 def test_the_frame_is_short_and_softmax_comes_first():
