@@ -12,6 +12,32 @@ from machinery.clusters import cluster_usage
 from machinery.masks import band_mask, causal_mask
 
 
+def cluster_reference(q, k, v, seeds, log_sharpness, chunk, iters, self_term):
+    """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, the seeds (H, m, D), log s per head (H,), the
+    GPT's chunk L (None: the ViT), the ViT's refinements and self term. O(T²) memory: the reference the other paths
+    equal (tests/test_cluster.py); `attend` computes the same chunk by chunk, the sums of earlier chunks carried
+    across (ViT: one set of sums). The forward function, without dropout on the weights."""
+    T, D, pos = q.size(2), q.size(-1), torch.arange(q.size(2), device=q.device)
+    if chunk:  # query i: its own chunk exactly (j <= i), every earlier chunk summarised
+        exact = (pos[:, None] // chunk == pos // chunk) & (pos[:, None] >= pos)             # (T, T)
+        past = (pos[:, None] // chunk > pos // chunk).to(q.dtype)                          # (T, T)
+    else:  # every key summarised, and with the self term its own key exactly
+        exact, past = torch.eye(T, dtype=torch.bool, device=q.device) & self_term, q.new_ones(T, T)
+    k_hat, s = F.normalize(k, dim=-1), log_sharpness.exp().view(-1, 1, 1)
+    S = (s * k_hat @ F.normalize(seeds, dim=-1).transpose(-1, -2)).softmax(-1)          # S_jc, (B, H, T, m)
+    for _ in range(iters):  # soft spherical k-means: seed c <- Σ_j S_jc k̂_j
+        S = (s * k_hat @ F.normalize(S.transpose(-1, -2) @ k_hat, dim=-1).transpose(-1, -2)).softmax(-1)
+    N = torch.einsum('ij,bhjc->bhic', past, S)                     # N_c of the keys query i summarises, (B, H, T, m)
+    safe = N.clamp_min(torch.finfo(N.dtype).tiny).unsqueeze(-1)    # an empty cluster (no past): 0/tiny, not 0/0
+    mean_k = torch.einsum('ij,bhjc,bhjd->bhicd', past, S, k) / safe                     # K̄_c, (B, H, T, m, D)
+    mean_v = torch.einsum('ij,bhjc,bhjd->bhicd', past, S, v) / safe                     # V̄_c, (B, H, T, m, D)
+    log_N = safe[..., 0].log().masked_fill(N == 0, float('-inf'))                       # log N_c, -inf if empty
+    exact_scores = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~exact, float('-inf'))  # (B, H, T, T)
+    cluster_scores = torch.einsum('bhid,bhicd->bhic', q, mean_k) / math.sqrt(D) + log_N  # q_i·K̄_c/√D + log N_c
+    w = torch.cat([exact_scores, cluster_scores], -1).softmax(-1)                       # one joint softmax
+    return w[..., :T] @ v + torch.einsum('bhic,bhicd->bhid', w[..., T:], mean_v)        # y_i, (B, H, T, D)
+
+
 @dataclass
 class ClusterConfig:
     cluster_m: int = 16          # cluster: seeds (clusters) per head
@@ -38,6 +64,7 @@ class ClusterAttention(Attention):
     Seeds are unit-norm, not decayed (cos ignores their norm) and learn at `cluster_seed_lr` × the schedule's rate.
     No flex path: the math path is already dense per-chunk matmuls. `report`: per head, the perplexity of the mean
     assignment (clusters in use, 1..m) and the mean entropy of a key's assignment (0 = hard, log m = uniform).
+    The formula on every (i, j) pair, O(T²): `cluster_reference`.
     """
     has_bidirectional_form, has_cache = True, True
     Config = ClusterConfig
@@ -65,6 +92,10 @@ class ClusterAttention(Attention):
         self.seeds = nn.Parameter(F.normalize(seeds, dim=-1))  # (H, m, D), unit rows, orthogonal per head if m <= D
         self.log_sharpness = nn.Parameter(torch.full((self.n_head,), math.log(config.cluster_sharpness)))
         self.lr_scale = {'seeds': config.cluster_seed_lr}
+
+    def attend_reference(self, q, k, v):  # the formula (cluster_reference) with this layer's seeds, s and form
+        return cluster_reference(q, k, v, self.seeds, self.log_sharpness, self.chunk if self.causal else None,
+                                 self.iters, self.self_term)
 
     def attend(self, q, k, v):
         kv1 = kv_one(k, v)  # (B, H, T, 2D+1)

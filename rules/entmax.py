@@ -6,6 +6,18 @@ import torch
 import torch.nn.functional as F
 
 from attention import RowWeightsAttention
+from machinery.masks import causal_mask, dense_mask
+
+
+def entmax_reference(q, k, v, visible, alpha, iters):
+    """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, Vis as a (T, T) bool (None: every pair), α, the
+    bisection's steps. O(T²) memory: the reference the other paths equal (tests/test_entmax.py); `attend` computes
+    the same a tile of queries at a time (RowWeightsAttention). The forward function, without dropout on the weights."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))                       # s_ij = q_i·k_j/√D, (B, H, T, T)
+    s = s.to(torch.promote_types(s.dtype, torch.float32))                     # τ's sums: never in 16 bits
+    s = s if visible is None else s.masked_fill(~visible, float('-inf'))      # j in Vis(i) only: p_ij = 0 elsewhere
+    p = EntmaxFunction.apply(s, alpha, iters)  # p_ij = [(α-1)s_ij - τ_i]₊^(1/(α-1)), τ_i such that Σ_j p_ij = 1
+    return p.to(v.dtype) @ v                                                  # y_i = Σ_j p_ij v_j, (B, H, T, D)
 
 
 @dataclass
@@ -27,7 +39,8 @@ class EntmaxAttention(RowWeightsAttention):
     τ in closed form from the sorted row (Peters et al.'s exact algorithm); any other α > 1: `entmax_iters` steps of
     bisection on τ, as the `entmax` package's entmax_bisect. Both in float32 at least, whatever the activations'
     dtype; backward is entmax's Jacobian (EntmaxFunction). Math path (query tiles of tile_weights // T rows)
-    and cache: RowWeightsAttention's. No flex path: the weights are not exp of a score.
+    and cache: RowWeightsAttention's. No flex path: the weights are not exp of a score. The formula on every
+    (i, j) pair, O(T²): `entmax_reference`.
     """
     Config = EntmaxConfig
 
@@ -40,6 +53,10 @@ class EntmaxAttention(RowWeightsAttention):
         if config.entmax_iters < 1:
             raise ValueError(f"entmax_iters must be >= 1, got {config.entmax_iters}")
         self.alpha, self.iters = float(alpha), config.entmax_iters
+
+    def attend_reference(self, q, k, v):  # the formula (entmax_reference) with this layer's Vis(i), α and steps
+        visible = dense_mask(causal_mask, q.size(2), q.device) if self.causal else None
+        return entmax_reference(q, k, v, visible, self.alpha, self.iters)
 
     def row_weights(self, q, k, visible=None):  # (B, H, C, D), (B, H, L, D), (C, L) bool or None -> (B, H, C, L)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))

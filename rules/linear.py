@@ -7,6 +7,16 @@ import torch.nn.functional as F
 
 from attention import Attention
 from machinery.band import band_queries, exclusive_cumsum, unband
+from machinery.masks import causal_mask, dense_mask
+
+
+def linear_reference(q, k, v, visible, eps):
+    """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, Vis as a (T, T) bool (None: every pair), ε.
+    O(T²) memory: the reference the other paths equal (tests/test_linear.py); `attend` computes the same without the
+    T×T matrix: the sums over j first, the D×D state S and z (the GPT's chunk by chunk), then φ(q_i) against them."""
+    a = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)    # φ(q_i)·φ(k_j), φ = elu + 1, (B, H, T, T)
+    a = a if visible is None else a.masked_fill(~visible, 0)  # j in Vis(i) only
+    return (a @ v) / (a.sum(-1, keepdim=True) + eps)          # φ(q_i)ᵀS_i / (φ(q_i)ᵀz_i + ε), (B, H, T, D)
 
 
 @dataclass
@@ -29,7 +39,7 @@ class LinearAttention(Attention):
     state of all earlier chunks (an exclusive cumulative sum over chunks of φ(K_c)ᵀV_c: n × D×D, never T × D×D);
     memory linear in T, backward included. Sums over chunks and the cache are float32 or wider (bf16 would drift).
     The cache is the paper's RNN (§3.4): S and z, O(D²) per head at any length. No flex path: the math path is
-    already dense matmuls.
+    already dense matmuls. The formula on every (i, j) pair, O(T²): `linear_reference`.
     """
     Config = LinearConfig
     has_bidirectional_form, has_cache = True, True
@@ -41,6 +51,10 @@ class LinearAttention(Attention):
         if not (config.linear_eps > 0 and math.isfinite(config.linear_eps)):
             raise ValueError(f"linear_eps must be a finite number > 0, got {config.linear_eps}")
         self.chunk, self.eps = config.linear_chunk, config.linear_eps
+
+    def attend_reference(self, q, k, v):  # the formula (linear_reference) with this layer's Vis(i) and ε
+        T = q.size(2)
+        return linear_reference(q, k, v, dense_mask(causal_mask, T, q.device) if self.causal else None, self.eps)
 
     def attend(self, q, k, v):
         q, k = elu_plus_one(q), elu_plus_one(k)  # (B, H, T, D), > 0

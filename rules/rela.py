@@ -8,6 +8,17 @@ import torch.nn.functional as F
 
 from attention import RowWeightsAttention
 from machinery.heads import merge_heads
+from machinery.masks import causal_mask, dense_mask
+
+
+def rela_reference(q, k, v, visible):
+    """The formula's attention, every (i, j) pair at once: (B, H, T, D) q, k, v, Vis as a (T, T) bool (None: every
+    pair). O(T²) memory: the reference the other paths equal (tests/test_rela.py); `attend` computes the same a tile
+    of queries at a time (RowWeightsAttention). The gated RMSNorm follows in `out`, on every path. The forward
+    function, without dropout on the weights."""
+    a = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).relu()  # a_ij = relu(q_i·k_j/√D), (B, H, T, T)
+    a = a if visible is None else a.masked_fill(~visible, 0.0)     # j in Vis(i) only: 0 elsewhere
+    return a @ v                                                   # y_i = Σ_j a_ij v_j, (B, H, T, D)
 
 
 @dataclass
@@ -27,7 +38,8 @@ class ReLAAttention(RowWeightsAttention):
     scale is kept in check by a gated RMSNorm over all heads between the merge and c_proj (`out`), with learned
     g (`norm_scale`, init 1) and w (`norm_gate`, init U(±√(3/C)), the official code's default: TF's variance
     scaling, fan_avg, uniform, on a vector of C), 2C parameters per layer; ε = `rela_eps` (1e-8 as there), the norm
-    in float32 at least. Math path (query tiles of tile_weights // T rows) and cache: RowWeightsAttention's.
+    in float32 at least. Math path (query tiles of tile_weights // T rows) and cache: RowWeightsAttention's. The
+    formula's attention on every (i, j) pair, O(T²): `rela_reference`.
     """
     Config = ReLAConfig
     weights_note = "relu(s): rows are not normalised (they may sum to anything, or be all zero), and the gated " \
@@ -41,6 +53,9 @@ class ReLAAttention(RowWeightsAttention):
         C = config.n_embd
         self.norm_scale = nn.Parameter(torch.ones(C))                                    # g
         self.norm_gate = nn.Parameter(torch.empty(C).uniform_(-math.sqrt(3 / C), math.sqrt(3 / C)))  # w
+
+    def attend_reference(self, q, k, v):  # the formula (rela_reference) with this layer's Vis(i)
+        return rela_reference(q, k, v, dense_mask(causal_mask, q.size(2), q.device) if self.causal else None)
 
     def row_weights(self, q, k, visible=None):  # (B, H, C, D), (B, H, L, D), (C, L) bool or None -> (B, H, C, L)
         a = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).relu()

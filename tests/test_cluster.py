@@ -10,15 +10,14 @@ import torch.nn.functional as F
 
 from machinery.clusters import cluster_usage
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal, qkv
+from conftest import assert_causal, build_layer, qkv
 from model import GPT, GPTConfig, attention_reports
 from prepare.recall import make_examples
 
 
 def make(T=20, causal=True, H=3, D=8, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=H * D, n_head=H, block_size=T, attention='cluster', causal=causal,
-                                    cluster_m=4, cluster_chunk=4), **kw})
-    attn = build_attention(cfg, 0).double()
+    attn = build_layer('cluster', T, n_head=H, head_dim=D, causal=causal,
+                       **{**dict(cluster_m=4, cluster_chunk=4), **kw})
     with torch.no_grad():  # a different sharpness per head, so a mix-up of heads would show
         attn.log_sharpness.copy_(torch.log(torch.tensor([1.5, 4.0, 9.0], dtype=torch.float64)[:H]))
     return attn
@@ -68,17 +67,21 @@ def reference(q, k, v, seeds, sharpness, causal, L=4, iters=0, self_term=False):
                                 dict(T=11, causal=False, cluster_iters=1, cluster_self=True)],
                          ids=lambda kw: '-'.join(f'{k}={v}' for k, v in kw.items()))
 def test_matches_reference(kw):
+    # the rule's formula as code (attend_reference, every pair at once) and its math path (attend), each against
+    # the per-query reference above
     attn = make(**kw)
     q, k, v = qkv(kw['T'])
-    y = attn.attend(q, k, v)
     ref = reference(q, k, v, attn.seeds, attn.log_sharpness.exp(), attn.causal, attn.chunk, attn.iters, attn.self_term)
-    torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
-    g = torch.randn_like(y)
+    g = torch.randn_like(ref)
     inputs = (q, k, v, attn.seeds, attn.log_sharpness)
-    grads, grads_ref = (torch.autograd.grad(out, inputs, g, allow_unused=True, materialize_grads=True)
-                        for out in (y, ref))  # with one block there is no past: no gradient to seeds or sharpness
-    for name, a, b in zip('q k v seeds log_sharpness'.split(), grads, grads_ref):
-        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9, msg=f'gradient of {name}')
+    # with one block there is no past: no gradient to seeds or sharpness
+    grad = lambda out: torch.autograd.grad(out, inputs, g, allow_unused=True, materialize_grads=True)
+    grads_ref = grad(ref)
+    for path in (attn.attend_reference, attn.attend):
+        y = path(q, k, v)
+        torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10, msg=path.__name__)
+        for name, a, b in zip('q k v seeds log_sharpness'.split(), grad(y), grads_ref):
+            torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9, msg=f'{path.__name__}: gradient of {name}')
     if kw['T'] > attn.chunk or not attn.causal:
         assert grads_ref[3].abs().sum() > 0 and grads_ref[4].abs().sum() > 0
 

@@ -10,7 +10,7 @@ import torch
 
 from rules import AttentionConfig, build_attention
 from rules.diff import pair_heads
-from conftest import ROOT, assert_causal
+from conftest import ROOT, assert_causal, build_layer
 from model import GPT, GPTConfig
 
 C, H = 16, 4  # the frame's heads: H/2 differential heads, q1, k1, q2, k2 of d = C/H, a value of 2d
@@ -43,8 +43,7 @@ def diff_reference(x, attn, lambda_init, visible):
 
 def make(T=11, layer_idx=0, **kw):
     torch.manual_seed(0)
-    cfg = AttentionConfig(**{**dict(n_embd=C, n_head=H, block_size=T, attention='diff'), **kw})
-    attn = build_attention(cfg, layer_idx).double()
+    attn = build_layer('diff', T, layer_idx, **{**dict(n_head=H, n_embd=C), **kw})  # n_embd C whatever n_head
     with torch.no_grad():  # everything away from its init: λ = 0.2 + (e^a - e^b) far from λ_init, a norm weight ≠ 1
         attn.c_attn.weight.normal_(0, 0.4)
         attn.c_attn.bias.normal_(0, 0.2)

@@ -10,7 +10,7 @@ import torch
 
 from rules import AttentionConfig, build_attention
 from rules.entmax import EntmaxFunction
-from conftest import assert_causal
+from conftest import assert_causal, build_layer
 from model import GPT, GPTConfig
 
 
@@ -64,8 +64,7 @@ def entmax_reference(q, k, v, alpha, causal):
 
 
 def make(T, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='entmax'), **kw})
-    return build_attention(cfg, 0).double()
+    return build_layer('entmax', T, **kw)
 
 
 def inputs(T, B=2, H=3, D=8, seed=0, scale=1.5):
@@ -82,9 +81,7 @@ CASES = [(13, 4, True, 1.5), (16, 16, True, 1.5), (11, 3, False, 1.5), (12, 5, T
 def test_matches_reference(T, tile, causal, alpha):
     attn = make(T, causal=causal, entmax_alpha=alpha, tile_weights=tile * T)
     q, k, v = inputs(T)
-    y = attn.attend(q, k, v)
     ref, ref_weights = entmax_reference(q, k, v, alpha, causal)
-    torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
     weights = attn.attention_weights(q, k, v)
     torch.testing.assert_close(weights, ref_weights, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:3], dtype=torch.float64), atol=1e-12, rtol=0)
@@ -92,10 +89,14 @@ def test_matches_reference(T, tile, causal, alpha):
     assert (weights[..., ~visible] == 0).all()                           # hidden keys: exactly 0
     zero = (weights == 0)[..., visible].double().mean().item()
     assert 0.2 < zero < 0.9, zero  # some visible keys are cut, many are kept: both sides of τ are tested
-    g = torch.randn_like(y)
-    for name, a, b in zip('qkv', torch.autograd.grad(y, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
-        assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-8, msg=f'gradient of {name}')
+    g = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (q, k, v), g)
+    for path in (attn.attend_reference, attn.attend):  # the formula as code (every pair at once), the math path
+        y = path(q, k, v)
+        torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10, msg=path.__name__)
+        for name, a, b in zip('qkv', torch.autograd.grad(y, (q, k, v), g), grads_ref):
+            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+            torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-8, msg=f'{path.__name__}: gradient of {name}')
 
 
 @pytest.mark.parametrize('alpha', [1.5, 1.25, 2.0])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rules import AttentionConfig, build_attention
-from conftest import ROOT, assert_causal
+from conftest import ROOT, assert_causal, build_layer
 from model import GPT, GPTConfig
 
 C, H, D = 16, 4, 4
@@ -38,8 +38,7 @@ def gated_reference(x, attn, visible, headwise):
 
 def make(T=13, **kw):
     torch.manual_seed(0)
-    attn = build_attention(AttentionConfig(**{**dict(n_embd=C, n_head=H, block_size=T, attention='gated'), **kw}),
-                           0).double()
+    attn = build_layer('gated', T, n_head=H, head_dim=D, **kw)
     with torch.no_grad():  # weights away from N(0, 0.02): gates far from 1/2 and different per head and channel
         attn.c_attn.weight.normal_(0, 0.4)
         if attn.c_attn.bias is not None:

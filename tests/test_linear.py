@@ -10,7 +10,7 @@ import torch
 
 from rules import AttentionConfig, build_attention
 from rules.linear import LinearCache, carried_state
-from conftest import assert_causal, cached_generation_equals_the_forward, qkv
+from conftest import assert_causal, build_layer, cached_generation_equals_the_forward, qkv
 from model import GPT, GPTConfig
 
 
@@ -33,8 +33,7 @@ def linear_reference(q, k, v, causal, eps=1e-6):
 
 
 def make(T, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='linear'), **kw})
-    return build_attention(cfg, 0).double()
+    return build_layer('linear', T, **kw)
 
 
 # T not a multiple of the chunk, a multiple of it, shorter than it, chunk 1, the bidirectional form; ε large enough
@@ -44,15 +43,19 @@ def make(T, **kw):
                                 dict(T=10, linear_chunk=3, linear_eps=0.5)],
                          ids=lambda kw: '-'.join(f'{k}={v}' for k, v in kw.items()))
 def test_matches_reference(kw):
+    # the rule's formula as code (attend_reference, every pair at once) and its math path (attend), each against
+    # the per-pair reference above
     attn = make(**kw)
     q, k, v = qkv(kw['T'])
-    y = attn.attend(q, k, v)
     ref = linear_reference(q, k, v, attn.causal, attn.eps)
-    torch.testing.assert_close(y, ref, atol=1e-12, rtol=1e-12)
-    g = torch.randn_like(y)
-    for name, a, b in zip('qkv', torch.autograd.grad(y, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
-        assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-11, msg=f'gradient of {name}')
+    g = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (q, k, v), g)
+    for path in (attn.attend_reference, attn.attend):
+        y = path(q, k, v)
+        torch.testing.assert_close(y, ref, atol=1e-12, rtol=1e-12, msg=path.__name__)
+        for name, a, b in zip('qkv', torch.autograd.grad(y, (q, k, v), g), grads_ref):
+            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+            torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-11, msg=f'{path.__name__}: gradient of {name}')
 
 
 def test_every_chunk_size_is_the_same_function():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rules import AttentionConfig, build_attention
-from conftest import ROOT, run_script
+from conftest import ROOT, build_layer, run_script
 from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig
@@ -32,9 +32,7 @@ def lsa_reference(q, k, v, t):
 
 
 def make(T, per_head, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=H * D, n_head=H, block_size=T, causal=False, attention='lsa',
-                                    lsa_per_head=per_head), **kw})
-    attn = build_attention(cfg, 0).double()
+    attn = build_layer('lsa', T, n_head=H, head_dim=D, **{**dict(causal=False, lsa_per_head=per_head), **kw})
     with torch.no_grad():  # away from 1/√D, and different per head where there is one per head
         attn.log_temperature.copy_(torch.log(torch.tensor([0.9, 0.2, 0.45, 1.3] if per_head else 0.6)))
     return attn

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal
+from conftest import assert_causal, build_layer
 from machinery.heads import merge_heads
 from model import GPT, GPTConfig
 
@@ -31,8 +31,7 @@ def rela_reference(q, k, v, g, w, eps, causal, c_proj):
 
 
 def make(T, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='rela'), **kw})
-    attn = build_attention(cfg, 0).double()
+    attn = build_layer('rela', T, **kw)
     with torch.no_grad():  # g and w away from their init, different per channel, so their use and gradients show
         attn.norm_scale.copy_(torch.linspace(0.5, 1.5, 24, dtype=torch.float64))
         attn.norm_gate.copy_(torch.linspace(-2.0, 3.0, 24, dtype=torch.float64))
@@ -52,20 +51,22 @@ CASES = [(13, 4, True, 1e-8), (16, 16, True, 1e-8), (11, 3, False, 1e-8), (9, 64
 def test_matches_reference(T, tile, causal, eps):
     attn = make(T, causal=causal, rela_eps=eps, tile_weights=tile * T)
     q, k, v = inputs(T)
-    y = attn.out(attn.attend(q, k, v))
     ref = rela_reference(q, k, v, attn.norm_scale, attn.norm_gate, eps, causal, attn.c_proj)
-    torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
     weights = attn.attention_weights(q, k, v)
     visible = torch.ones(T, T).tril().bool() if causal else torch.ones(T, T).bool()
     assert (weights[..., ~visible] == 0).all()
     zero = (weights == 0)[..., visible].double().mean().item()
     assert 0.3 < zero < 0.7, zero  # about half the scores are negative: both sides of the ReLU are tested
-    g = torch.randn_like(y)
+    g = torch.randn_like(ref)
     own = {'norm_scale (g)': attn.norm_scale, 'norm_gate (w)': attn.norm_gate}
     wrt, names = [q, k, v] + list(own.values()), ['q', 'k', 'v'] + list(own)
-    for name, a, b in zip(names, torch.autograd.grad(y, wrt, g, retain_graph=True), torch.autograd.grad(ref, wrt, g)):
-        assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f'gradient of {name}')
+    grads_ref = torch.autograd.grad(ref, wrt, g)
+    for path in (attn.attend_reference, attn.attend):  # the formula as code (every pair at once), the math path
+        y = attn.out(path(q, k, v))
+        torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10, msg=path.__name__)
+        for name, a, b in zip(names, torch.autograd.grad(y, wrt, g), grads_ref):
+            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f'{path.__name__}: gradient of {name}')
 
 
 def test_rows_with_no_positive_score_give_exactly_zero():

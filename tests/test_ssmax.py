@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal, cached_generation_equals_the_forward, qkv
+from conftest import assert_causal, build_layer, cached_generation_equals_the_forward, qkv
 from model import GPT, GPTConfig, configure_adamw
 
 S = [0.3, 0.9, 1.7]  # s per head, away from the initial value, so a mix-up of heads would show
@@ -31,8 +31,7 @@ def ssmax_reference(q, k, v, s, visible):
 
 
 def make(T, s=S, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=8 * len(s), n_head=len(s), block_size=T, attention='ssmax'), **kw})
-    attn = build_attention(cfg, 0).double()
+    attn = build_layer('ssmax', T, n_head=len(s), **kw)
     with torch.no_grad():
         attn.scale.copy_(torch.tensor(s, dtype=torch.float64))
     return attn
