@@ -37,7 +37,8 @@ class Attention(nn.Module):
 
     A rule writes `attend`; everything else has a default here. Its fast paths compute the same function, and one
     method, `path`, picks what forward runs. What a rule has beyond the causal math path, it declares; tests run
-    every rule on what it declares and skip the rest, saying why.
+    every rule on what it declares and skip the rest, saying why. A rule whose `attend` saves memory (tiles, a band,
+    chunks) opens its file with its formula as code, every (i, j) pair at once, which `attend_reference` calls.
     """
     # what the rule has, declared
     has_causal_form = True          # a causal=True form (the GPT); without it, building one is a ValueError
@@ -132,19 +133,14 @@ class Attention(nn.Module):
     def init_extra(self):  # runs after the model's init (N(0, 0.02) Linears): a rule's own init goes here
         pass
 
-    def report(self, *tensors):
-        """What the rule says about itself, {name: tensor}, from what project returns; None if nothing. train.py
-        asks every layer for it at each evaluation (model.attention_reports) and prints it (cluster usage)."""
+    def report(self, *tensors):  # {name: tensor} the rule says of itself (cluster usage), printed at each evaluation
         return None
 
-    def extra_loss(self):
-        """A rule's own training term from its last forward (routing's commitment loss), a scalar, or None; read once
-        (it is then cleared). model.GPT's forward adds every layer's to the loss, by its gradient only."""
+    def extra_loss(self):  # a training term from the last forward (routing's), read once; GPT adds every layer's
         return None
 
-    def after_optimizer_step(self):
-        """What a rule updates once per optimizer step, after it, outside the gradient (routing's k-means centroids):
-        model.configure_adamw's optimizer calls it on every attention layer. Nothing by default."""
+    def after_optimizer_step(self):  # updates outside the gradient after each step (routing's k-means centroids)
+        pass
 
     # generation (has_cache): the state one layer keeps between tokens; a rule's own sit next to its attend
     def new_cache(self):  # a KVCache, or the rule's own object with `pos` and `nbytes()`
@@ -185,7 +181,10 @@ class SoftmaxAttention(Attention):
     function to F.scaled_dot_product_attention, one fused kernel (flash on a GPU), and a window shorter than T to
     the band: O(T·W) time and memory, no T×T tensor (machinery/band.py).
     """
-    has_bidirectional_form, has_cache, has_flex, fused = True, True, True, True
+    has_bidirectional_form = True
+    has_cache = True
+    has_flex = True
+    fused = True
     Config, reads = SoftmaxConfig, ('window',)  # every rule built on softmax reads its window
 
     def __init__(self, config, layer_idx):
