@@ -13,6 +13,28 @@ from machinery.heads import split_heads
 from machinery.masks import band_mask, sliding_window_mask, visible_keys
 
 
+def routing_reference(q, k, v, centroids, w, rope=None):
+    """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, the unit centroids (R, C, D) of the first R
+    heads (they route; the others are local), w, RoPE (None: off). O(T²) memory: the reference the other paths equal
+    (tests/test_routing.py); `attend` computes the same on a band of w over the tokens sorted by cluster. The forward
+    function alone: no k-means statistics, no commitment loss, no dropout."""
+    (B, H, T, D), R = q.shape, centroids.size(0)
+    routed = q[:, :R].to(torch.promote_types(q.dtype, torch.float32))   # the routing heads' q, float32 at least
+    x = F.layer_norm(routed, (D,)) / math.sqrt(D)                       # x_i = LN(q_i)/√D, LN unscaled, (B, R, T, D)
+    with torch.autocast(q.device.type, enabled=False):                  # the choice in float32 too
+        c = (x @ centroids.to(x.dtype).transpose(-1, -2)).argmax(-1)    # c(i) = argmax_c x_i·μ_c, (B, R, T)
+    c = torch.cat([c, c.new_zeros(B, H - R, T)], 1)                     # a local head: one cluster, (B, H, T)
+    shared = (x * math.sqrt(D)).to(q.dtype)                             # LN(q_i): a routing head's query and key
+    queries, keys = (torch.cat([shared, t[:, R:]], 1) for t in (q, k))  # q', k': a local head's own, (B, H, T, D)
+    if rope is not None:                                                # turned after routing
+        queries, keys = rope(queries), rope(keys)
+    same = (c.unsqueeze(-1) == c.unsqueeze(-2)).tril()                  # c(j) = c(i) and j <= i, (B, H, T, T)
+    rank = same.sum(-1)                                                 # i's number in its cluster, (B, H, T)
+    visible = same & (rank.unsqueeze(-1) - rank.unsqueeze(-2) < w)      # N_i: the last w of them
+    s = queries @ keys.transpose(-1, -2) / math.sqrt(D)                 # s_ij = q'_i·k'_j/√D, (B, H, T, T)
+    return s.masked_fill(~visible, float('-inf')).softmax(-1) @ v       # y_i = Σ_{j ∈ N_i} softmax_j(s_ij) v_j
+
+
 @dataclass
 class RoutingConfig:
     routing_clusters: int = 8        # routing: k-means centroids C per routing head
@@ -37,11 +59,11 @@ class RoutingAttention(Attention):
     buffers (random unit vectors at init, checkpointed), moved once per optimizer step by after_optimizer_step
     toward the mean direction of the keys routed to them in that step's training forwards (decay λ), never in eval;
     the commitment loss goes to the model's loss by extra_loss. `routing_local_heads` heads (the last ones) attend to
-    a sliding window instead, as the paper mixes them. Math path: tokens sorted by (cluster, position), a causal
-    band of w over that order masked to the query's cluster, put back: O(T·w), never T×T (a local head is the
-    same band with one cluster). RoPE turns the routing vectors after they are routed: clusters of content, not
-    position. Cache: a ring of the last w keys per head and cluster (ClusterRingCache), O(C·w) for ever. No flex
-    path.
+    a sliding window instead, as the paper mixes them. The formula as dense code, O(T²): routing_reference
+    (attend_reference). Math path: tokens sorted by (cluster, position), a causal band of w over that order masked
+    to the query's cluster, put back: O(T·w), never T×T (a local head is the same band with one cluster). RoPE turns
+    the routing vectors after they are routed: clusters of content, not position. Cache: a ring of the last w keys
+    per head and cluster (ClusterRingCache), O(C·w) for ever. No flex path.
     """
     has_cache = True
     Config = RoutingConfig
@@ -70,6 +92,9 @@ class RoutingAttention(Attention):
         # what training forwards routed since the last optimizer step: Σ x and how many, per head and centroid
         self.register_buffer('cluster_sums', torch.zeros(self.n_route, C, D), persistent=False)
         self.register_buffer('cluster_counts', torch.zeros(self.n_route, C), persistent=False)
+
+    def attend_reference(self, q, k, v):  # the formula (routing_reference) with this layer's centroids, w and RoPE
+        return routing_reference(q, k, v, self.centroids, self.cluster_window, self.rope)
 
     def project(self, x, offset=0):  # the frame's, but no RoPE here: a routing head is routed first, then turned
         q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=2))
