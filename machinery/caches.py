@@ -1,8 +1,9 @@
 """
 Generation: what one layer keeps between tokens. KVCache holds keys and values (every one, or a ring of the last
-W); CacheGroup advances several together (a two-branch rule's branches, a model's layers); decode_sdpa is one
-query against what a cache holds. A rule whose state is not keys and values keeps its own object beside its attend
-(rules/cluster.py's ClusterCache): it needs `pos` and `nbytes()`.
+W); ClusterRingCache a ring of the last W per cluster (rules/routing.py); CacheGroup advances several together (a
+two-branch rule's branches, a model's layers); decode_sdpa is one query against what a cache holds. A rule whose
+state is not keys and values keeps its own object beside its attend (rules/cluster.py's ClusterCache): it needs
+`pos` and `nbytes()`.
 """
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,44 @@ class KVCache:
 
     def nbytes(self):  # the held positions' bytes (a growing buffer may hold up to 2x this, allocated)
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+class ClusterRingCache:
+    """Keys and values by cluster: for each batch row, head and cluster id, a ring of the last `capacity` (W) keys
+    and values the cluster received (its r-th key in slot r % W), and `count` (B, H, C), how many it received; a
+    head whose ids are all 0 keeps one ring, the last W tokens. O(C·W) per head, at any length."""
+
+    def __init__(self, capacity, clusters):
+        self.capacity, self.clusters, self.pos = capacity, clusters, 0
+        self.keys = self.values = self.count = None
+
+    def fill(self, k, v, ids):  # a prompt's keys and values (B, H, T, D) and clusters (B, H, T)
+        (B, H, T, D), w = k.shape, self.capacity
+        self.keys, self.values = (t.new_zeros(B, H, self.clusters, w, D) for t in (k, v))
+        one_hot = F.one_hot(ids, self.clusters)                   # (B, H, T, C)
+        rank = (one_hot.cumsum(2) * one_hot).sum(-1) - 1           # (B, H, T): the key's number in its cluster
+        self.count = one_hot.sum(2)                                # (B, H, C)
+        b, h, t = (rank >= self.count.gather(2, ids) - w).nonzero(as_tuple=True)  # the last w of each cluster
+        slot = (b, h, ids[b, h, t], rank[b, h, t] % w)
+        self.keys[slot], self.values[slot] = k[b, h, t], v[b, h, t]
+        self.pos = T
+
+    def append(self, k, v, ids):
+        """One token (B, H, 1, D), (B, H, 1) into its cluster's ring; that ring's keys and values (B, H, W, D) and
+        which of its slots hold one (B, H, W)."""
+        B, H, _, D = k.shape
+        b, h = torch.arange(B, device=k.device).view(B, 1), torch.arange(H, device=k.device).view(1, H)
+        c = ids[..., 0]                                            # (B, H)
+        n = self.count[b, h, c]                                    # keys the cluster held before
+        slot = n % self.capacity                                   # its n-th key's slot
+        self.keys[b, h, c, slot], self.values[b, h, c, slot] = k[:, :, 0], v[:, :, 0]
+        self.count[b, h, c] = n + 1
+        self.pos += 1
+        held = torch.arange(self.capacity, device=k.device) < (n + 1).unsqueeze(-1)
+        return self.keys[b, h, c], self.values[b, h, c], held
+
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.count) if t is not None)
 
 
 class CacheGroup:

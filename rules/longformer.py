@@ -11,8 +11,22 @@ from attention import Attention
 from machinery.band import band_keys, band_layout, band_queries, unband
 from machinery.caches import KVCache, decode_sdpa
 from machinery.heads import weights_of_linear_map
-from machinery.masks import (band_mask, global_tokens_mask, run_flex, sliding_window_mask, two_sided_window_mask,
-                             visible_keys)
+from machinery.masks import (band_mask, dense_mask, global_tokens_mask, run_flex, sliding_window_mask,
+                             two_sided_window_mask, visible_keys)
+
+
+def longformer_reference(q, k, v, visible, n_global=0, qg=None, kg=None, vg=None):
+    """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, the pattern N_i as a (T, T) bool, G and (the ViT
+    where G > 0) the global rows' qg, kg, vg. O(T²) memory: the reference the other paths equal
+    (tests/test_longformer.py); `attend` computes the same on the band of keys around each tile of queries, plus the
+    G global keys, and the G global rows apart. No dropout."""
+    D, G = q.size(-1), min(n_global, q.size(2))
+    s = q @ k.transpose(-1, -2) / math.sqrt(D)                     # q_i·k_j/√D, (B, H, T, T)
+    y = s.masked_fill(~visible, float('-inf')).softmax(-1) @ v     # y_i = Σ_{j ∈ N_i} softmax_j(s_ij) v_j, (B, H, T, D)
+    if not G:
+        return y
+    s_global = qg[:, :, :G] @ kg.transpose(-1, -2) / math.sqrt(D)  # i < G: qg_i·kg_j/√D, every j, (B, H, G, T)
+    return torch.cat([s_global.softmax(-1) @ vg, y[:, :, G:]], 2)  # the G global rows first, (B, H, T, D)
 
 
 @dataclass
@@ -38,8 +52,9 @@ class LongformerAttention(Attention):
     blocks wider; copies of Q, K, V at init, init_extra), as the official code does; every other row sees the global
     tokens through their ordinary keys and values. Math path: each tile of queries against the band of keys that can
     reach it, plus the G global keys: O(T·(W + G)); the global rows apart, O(G·T); no T×T tensor. attend_fused: the
-    same through SDPA. Flex: the pattern's BlockMask (or_masks of window and globals), the global rows replaced after.
-    Cache (GPT): a ring of the last W_l keys and values.
+    same through SDPA. The formula as dense code, O(T²): longformer_reference (attend_reference). Flex: the
+    pattern's BlockMask (or_masks of window and globals), the global rows replaced after. Cache (GPT): a ring of the
+    last W_l keys and values.
     """
     has_bidirectional_form, has_cache, has_flex, fused = True, True, True, True
     Config = LongformerConfig
@@ -68,6 +83,10 @@ class LongformerAttention(Attention):
         else:
             self.mask_mod = longformer_mask(self.half, self.n_global)         # the whole pattern (flex)
             self.band_mod = longformer_band_mask(self.half, self.n_global)   # the band's share of it
+
+    def attend_reference(self, q, k, v, *global_qkv):  # the formula (longformer_reference) with this layer's N_i, G
+        visible = dense_mask(self.mask_mod, q.size(2), q.device)
+        return longformer_reference(q, k, v, visible, self.n_global, *global_qkv)
 
     def init_extra(self):  # Q_g, K_g, V_g start as copies of Q, K, V (§3.1): c_attn's second half = its first
         if self.n_global:

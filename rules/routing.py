@@ -7,9 +7,32 @@ import torch.nn.functional as F
 
 from attention import Attention
 from machinery.band import band_keys, band_layout, band_queries, unband
+from machinery.caches import ClusterRingCache
 from machinery.clusters import cluster_usage
 from machinery.heads import split_heads
 from machinery.masks import band_mask, sliding_window_mask, visible_keys
+
+
+def routing_reference(q, k, v, centroids, w, rope=None):
+    """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, the unit centroids (R, C, D) of the first R
+    heads (they route; the others are local), w, RoPE (None: off). O(T²) memory: the reference the other paths equal
+    (tests/test_routing.py); `attend` computes the same on a band of w over the tokens sorted by cluster. The forward
+    function alone: no k-means statistics, no commitment loss, no dropout."""
+    (B, H, T, D), R = q.shape, centroids.size(0)
+    routed = q[:, :R].to(torch.promote_types(q.dtype, torch.float32))   # the routing heads' q, float32 at least
+    x = F.layer_norm(routed, (D,)) / math.sqrt(D)                       # x_i = LN(q_i)/√D, LN unscaled, (B, R, T, D)
+    with torch.autocast(q.device.type, enabled=False):                  # the choice in float32 too
+        c = (x @ centroids.to(x.dtype).transpose(-1, -2)).argmax(-1)    # c(i) = argmax_c x_i·μ_c, (B, R, T)
+    c = torch.cat([c, c.new_zeros(B, H - R, T)], 1)                     # a local head: one cluster, (B, H, T)
+    shared = (x * math.sqrt(D)).to(q.dtype)                             # LN(q_i): a routing head's query and key
+    queries, keys = (torch.cat([shared, t[:, R:]], 1) for t in (q, k))  # q', k': a local head's own, (B, H, T, D)
+    if rope is not None:                                                # turned after routing
+        queries, keys = rope(queries), rope(keys)
+    same = (c.unsqueeze(-1) == c.unsqueeze(-2)).tril()                  # c(j) = c(i) and j <= i, (B, H, T, T)
+    rank = same.sum(-1)                                                 # i's number in its cluster, (B, H, T)
+    visible = same & (rank.unsqueeze(-1) - rank.unsqueeze(-2) < w)      # N_i: the last w of them
+    s = queries @ keys.transpose(-1, -2) / math.sqrt(D)                 # s_ij = q'_i·k'_j/√D, (B, H, T, T)
+    return s.masked_fill(~visible, float('-inf')).softmax(-1) @ v       # y_i = Σ_{j ∈ N_i} softmax_j(s_ij) v_j
 
 
 @dataclass
@@ -36,10 +59,11 @@ class RoutingAttention(Attention):
     buffers (random unit vectors at init, checkpointed), moved once per optimizer step by after_optimizer_step
     toward the mean direction of the keys routed to them in that step's training forwards (decay λ), never in eval;
     the commitment loss goes to the model's loss by extra_loss. `routing_local_heads` heads (the last ones) attend to
-    a sliding window instead, as the paper mixes them. Math path: tokens sorted by (cluster, position), a causal
-    band of w over that order masked to the query's cluster, put back: O(T·w), never T×T (a local head is the
-    same band with one cluster). RoPE turns the routing vectors after they are routed: clusters of content, not
-    position. Cache: a ring of the last w keys per head and cluster, O(C·w) for ever. No flex path.
+    a sliding window instead, as the paper mixes them. The formula as dense code, O(T²): routing_reference
+    (attend_reference). Math path: tokens sorted by (cluster, position), a causal band of w over that order masked
+    to the query's cluster, put back: O(T·w), never T×T (a local head is the same band with one cluster). RoPE turns
+    the routing vectors after they are routed: clusters of content, not position. Cache: a ring of the last w keys
+    per head and cluster (ClusterRingCache), O(C·w) for ever. No flex path.
     """
     has_cache = True
     Config = RoutingConfig
@@ -68,6 +92,9 @@ class RoutingAttention(Attention):
         # what training forwards routed since the last optimizer step: Σ x and how many, per head and centroid
         self.register_buffer('cluster_sums', torch.zeros(self.n_route, C, D), persistent=False)
         self.register_buffer('cluster_counts', torch.zeros(self.n_route, C), persistent=False)
+
+    def attend_reference(self, q, k, v):  # the formula (routing_reference) with this layer's centroids, w and RoPE
+        return routing_reference(q, k, v, self.centroids, self.cluster_window, self.rope)
 
     def project(self, x, offset=0):  # the frame's, but no RoPE here: a routing head is routed first, then turned
         q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=2))
@@ -106,7 +133,7 @@ class RoutingAttention(Attention):
         return loss
 
     @torch.no_grad()
-    def nearest_centroid(self, x):  # (B, R, T, D) -> (B, R, T): the nearest unit centroid, the largest x·μ_c, in float32+
+    def nearest_centroid(self, x):  # (B, R, T, D) -> (B, R, T): the nearest unit centroid (largest x·μ_c), float32+
         with torch.autocast(x.device.type, enabled=False):
             return (x @ self.centroids.to(x.dtype).transpose(-1, -2)).argmax(-1)
 
@@ -164,7 +191,7 @@ class RoutingAttention(Attention):
         return 4 * C * visible_keys(self, T).mean().item() + 2 * D * K * self.n_route
 
     def new_cache(self):  # the last w keys and values of each head's clusters: O(C·w) per head, any length
-        return RoutingCache(self.cluster_window, self.centroids.size(1))
+        return ClusterRingCache(self.cluster_window, self.centroids.size(1))
 
     def fill(self, cache, q, k, v):
         _, keys, ids = self.heads(q, k, *self.route(q), offset=cache.pos)
@@ -179,40 +206,3 @@ class RoutingAttention(Attention):
 
 def sort_tokens(x, order):  # (B, H, T, D), (B, H, T) -> x[:, :, order] per head
     return x.gather(2, order.unsqueeze(-1).expand(-1, -1, -1, x.size(-1)))
-
-
-class RoutingCache:
-    """Routing attention between tokens: for each batch row, head and cluster, a ring of the last w keys and values
-    the cluster received (its r-th key in slot r % w), and `count` (B, H, C), how many it received; a local head
-    uses cluster 0 alone. O(C·w) per head, at any length."""
-
-    def __init__(self, cluster_window, clusters):
-        self.cluster_window, self.clusters, self.pos = cluster_window, clusters, 0
-        self.keys = self.values = self.count = None
-
-    def fill(self, k, v, ids):  # a prompt's keys and values (B, H, T, D) and clusters (B, H, T)
-        (B, H, T, D), w = k.shape, self.cluster_window
-        self.keys, self.values = (t.new_zeros(B, H, self.clusters, w, D) for t in (k, v))
-        one_hot = F.one_hot(ids, self.clusters)                   # (B, H, T, C)
-        rank = (one_hot.cumsum(2) * one_hot).sum(-1) - 1           # (B, H, T): the key's number in its cluster
-        self.count = one_hot.sum(2)                                # (B, H, C)
-        b, h, t = (rank >= self.count.gather(2, ids) - w).nonzero(as_tuple=True)  # the last w of each cluster
-        slot = (b, h, ids[b, h, t], rank[b, h, t] % w)
-        self.keys[slot], self.values[slot] = k[b, h, t], v[b, h, t]
-        self.pos = T
-
-    def append(self, k, v, ids):
-        """One token (B, H, 1, D), (B, H, 1) into its cluster's ring; that ring's keys and values (B, H, w, D) and
-        which of its slots hold one (B, H, w)."""
-        B, H, _, D = k.shape
-        b, h = torch.arange(B, device=k.device).view(B, 1), torch.arange(H, device=k.device).view(1, H)
-        c = ids[..., 0]                                            # (B, H)
-        n = self.count[b, h, c]                                    # keys the cluster held before
-        self.keys[b, h, c, n % self.cluster_window], self.values[b, h, c, n % self.cluster_window] = k[:, :, 0], v[:, :, 0]
-        self.count[b, h, c] = n + 1
-        self.pos += 1
-        held = torch.arange(self.cluster_window, device=k.device) < (n + 1).unsqueeze(-1)
-        return self.keys[b, h, c], self.values[b, h, c], held
-
-    def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.count) if t is not None)

@@ -7,8 +7,20 @@ import torch.nn.functional as F
 
 from attention import SoftmaxAttention
 from machinery.band import query_tiles, tile_mask, tile_queries
-from machinery.masks import run_flex, visible_keys
+from machinery.masks import dense_mask, run_flex, visible_keys
 from machinery.selection import topk_boundary
+
+
+def topk_reference(q, k, v, visible, topk):
+    """The formula, every (i, j) pair at once: (B, H, T, D) q, k, v, Vis(i) as a (T, T) bool (None: every key), the
+    k kept per row. O(T²) memory: the reference the other paths equal (tests/test_topk.py); `attend` computes the
+    same in tiles of queries, each recomputed in backward. No dropout."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))           # s_ij = q_i·k_j/√D, (B, H, T, T)
+    if visible is not None:
+        s = s.masked_fill(~visible, float('-inf'))                # j in Vis(i) only
+    kth = s.topk(min(topk, s.size(-1)), dim=-1).values[..., -1:]  # each row's k-th largest (-inf: fewer than k)
+    s = s.masked_fill(s < kth, float('-inf'))                     # the k largest, a tie at the k-th kept whole
+    return s.softmax(-1) @ v                                      # y_i = Σ_j softmax_j(s_ij) v_j, (B, H, T, D)
 
 
 @dataclass
@@ -25,10 +37,11 @@ class TopkAttention(SoftmaxAttention):
     visible keys keeps them all. Vis(i) is softmax's: causal (the GPT), every key (the ViT), or `window`. Nothing is
     learned beyond the projections, and the selection carries no gradient. The cut is a per-row boundary halfway
     between the k-th and the (k+1)-th score (topk_boundary): a tie at the k-th score keeps every tied key (the
-    official code's sort keeps exactly k), and flex, which rounds its own way, keeps the same keys. Math path: the
-    paper's query chunking, tiles of tile_weights // T queries against the keys they see, each recomputed in
-    backward, so memory is linear in T. Flex: a no-grad pre-pass finds each row's boundary and the score_mod keeps
-    the scores at or above it (as Krause's). Cache: softmax's (every key and value), the top k taken among them.
+    official code's sort keeps exactly k), and flex, which rounds its own way, keeps the same keys. The formula as
+    dense code, O(T²): topk_reference (attend_reference). Math path: the paper's query chunking, tiles of
+    tile_weights // T queries against the keys they see, each recomputed in backward, so memory is linear in T.
+    Flex: a no-grad pre-pass finds each row's boundary and the score_mod keeps the scores at or above it (as
+    Krause's). Cache: softmax's (every key and value), the top k taken among them.
     """
     has_bidirectional_form, has_cache, has_flex, fused = True, True, True, False  # no SDPA: the cut needs the scores
     Config, reads = TopkConfig, ('window', 'tile_weights')
@@ -38,6 +51,10 @@ class TopkAttention(SoftmaxAttention):
         if not config.topk_k >= 1:
             raise ValueError(f"topk_k must be >= 1 (keys kept per row), got {config.topk_k}")
         self.topk = config.topk_k
+
+    def attend_reference(self, q, k, v):  # the formula (topk_reference) with this layer's Vis(i) and k
+        visible = None if self.mask_mod is None else dense_mask(self.mask_mod, q.size(2), q.device)
+        return topk_reference(q, k, v, visible, self.topk)
 
     def attend(self, q, k, v):
         tile_output = lambda start, end, n_keys: self.topk_softmax(self.tile_scores(q, k, start, end, n_keys)) @ \

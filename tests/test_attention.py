@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from machinery.selection import topk_boundary
-from rules import ATTENTION, AttentionConfig, build_attention
+from rules import ATTENTION
 from machinery.band import band_keys, band_layout, band_queries, band_strip, unband
 from machinery.masks import band_mask, sliding_window_mask
 from machinery.rope import Rotary
-from conftest import assert_causal
+from conftest import assert_causal, build_layer
 from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig
 
@@ -27,9 +27,8 @@ def softmax_reference(q, k, v, causal, window=0):
     return y
 
 
-def make(T=16, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=32, n_head=4, block_size=T), **kw})
-    return build_attention(cfg, 0).double()
+def make(T=16, attention='softmax', **kw):
+    return build_layer(attention, T, n_head=4, **kw)
 
 
 qkv = partial(shared_qkv, H=4)  # conftest's q, k, v at this file's head shape

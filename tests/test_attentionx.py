@@ -10,7 +10,7 @@ import torch
 
 from machinery.masks import off_diagonal_mask
 from rules import AttentionConfig, build_attention
-from conftest import ROOT, assert_causal, cached_generation_equals_the_forward, run_script
+from conftest import ROOT, assert_causal, build_layer, cached_generation_equals_the_forward, run_script
 from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig
 from vit import ViT, ViTConfig
@@ -34,8 +34,7 @@ def attentionx_reference(q, k, v, gamma, visible, t=None):
 
 
 def make(T, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=32, n_head=4, block_size=T, attention='attentionx'), **kw})
-    attn = build_attention(cfg, 0).double()
+    attn = build_layer('attentionx', T, n_head=4, **kw)
     with torch.no_grad():
         attn.gamma.copy_(torch.tensor(GAMMA))
     return attn

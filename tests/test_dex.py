@@ -10,7 +10,7 @@ import torch
 
 from attention import SoftmaxAttention
 from rules import AttentionConfig, build_attention
-from conftest import ROOT, assert_causal
+from conftest import ROOT, assert_causal, build_layer
 from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig
 
@@ -35,8 +35,7 @@ def dex_reference(q, k, v, lam, W, first, visible):
 
 
 def make(T, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=H * D, n_head=H, block_size=T, attention='dex'), **kw})
-    attn = build_attention(cfg, 0).double()
+    attn = build_layer('dex', T, n_head=H, head_dim=D, **kw)
     n = attn.lambda_logit.numel()
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():  # per head, and away from the initial values

@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from rules import AttentionConfig, build_attention
 from rules.longformer import longformer_mask, longformer_windows
-from conftest import assert_causal, cached_generation_equals_the_forward
+from conftest import assert_causal, build_layer, cached_generation_equals_the_forward
 from machinery.band import band_keys
 from machinery.heads import merge_heads
 from machinery.masks import band_mask, dense_mask
@@ -43,8 +42,7 @@ def longformer_reference(tensors, causal, W, G):
 
 
 def make(T, layer_idx=0, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='longformer'), **kw})
-    attn = build_attention(cfg, layer_idx).double()
+    attn = build_layer('longformer', T, layer_idx, **kw)
     attn.init_extra()
     return attn
 
@@ -55,19 +53,20 @@ def inputs(n, T, B=2, H=3, D=8, seed=0):
 
 
 def check_against_reference(attn, T, W, G, zero_grads=()):
-    """attend and attend_fused against the reference, forward and every input's gradient; zero_grads: the inputs
-    whose gradient is 0 by construction (one key per row: q and k; every token global: q, k and v)."""
+    """The rule's formula as code (attend_reference, every pair at once), its math path (attend) and attend_fused
+    against the per-row reference above, forward and every input's gradient; zero_grads: the inputs whose gradient
+    is 0 by construction (one key per row: q and k; every token global: q, k and v)."""
     tensors = inputs(len(attn.projections), T)
-    for path in (attn.attend, attn.attend_fused):
+    for path in (attn.attend_reference, attn.attend, attn.attend_fused):
         y = path(*tensors)
         ref = longformer_reference(tensors, attn.causal, W, G)
-        torch.testing.assert_close(y, ref, atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(y, ref, atol=1e-12, rtol=1e-10, msg=path.__name__)
         g = torch.randn_like(y)
         grads, grads_ref = (torch.autograd.grad(out, tensors, g, allow_unused=True, materialize_grads=True)
                             for out in (y, ref))
         for name, a, b in zip(attn.projections, grads, grads_ref):
             assert (b.abs().sum() > 0) == (name not in zero_grads), name  # not trivially zero
-            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=f'gradient of {name}')
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=f'{path.__name__}: gradient of {name}')
 
 
 # (T, W, layer): windows longer than the sequence, W = 1, T not a multiple of the band's tile

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal, cached_generation_equals_the_forward
+from conftest import assert_causal, build_layer, cached_generation_equals_the_forward
 from conftest import qkv as shared_qkv
 from model import GPT, GPTConfig, configure_adamw
 
@@ -50,9 +50,7 @@ def routing_reference(q, k, v, centroids, n_route, w, rope=None):
 
 
 def make(T, n_head=4, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=8 * n_head, n_head=n_head, block_size=T, attention='routing',
-                                    routing_clusters=3, routing_window=5), **kw})
-    attn = build_attention(cfg, 0).double()
+    attn = build_layer('routing', T, n_head=n_head, **{**dict(routing_clusters=3, routing_window=5), **kw})
     g = torch.Generator().manual_seed(7)  # centroids by hand, different per head
     with torch.no_grad():
         attn.centroids.copy_(F.normalize(torch.randn(attn.centroids.shape, generator=g, dtype=torch.float64), dim=-1))
@@ -69,24 +67,29 @@ CASES = [(40, 2, 3, 5, False), (37, 1, 4, 64, False), (70, 0, 2, 9, True), (33, 
 
 @pytest.mark.parametrize('T,local,C,w,rope', CASES)
 def test_matches_reference(T, local, C, w, rope):
+    """The rule's formula as code (attend_reference, every pair at once) and its math path (attend, on the sorted
+    band), each against the per-query reference above: the output and the gradients of q, k and v."""
     attn = make(T, routing_local_heads=local, routing_clusters=C, routing_window=w,
                 pos_emb='rope' if rope else 'learned').eval()
     q, k, v = qkv(T)
-    y = attn.attend(q, k, v)
     ref = routing_reference(q, k, v, attn.centroids, attn.n_route, w, attn.rope)
-    torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
     if attn.n_route and C > 1:  # the routing is real: several clusters, and some longer than the window
         _, clusters = attn.route(q)
         sizes = F.one_hot(clusters, C).sum(2)
         assert (sizes > 0).sum(-1).min() > 1 and (w >= T or sizes.max() > w)
-    g = torch.randn_like(y)
-    grads = [[torch.zeros_like(t) if d is None else d for t, d in
-              zip((q, k, v), torch.autograd.grad(out, (q, k, v), g, allow_unused=True))] for out in (y, ref)]
-    for name, a, b in zip('qkv', *grads):
-        if name != 'k' or local:  # a routing head reads no k: its key is its query
-            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f'gradient of {name}')
-    print(f"T={T} max |y - ref| {(y - ref).abs().max().item():.1e}")
+    g = torch.randn_like(ref)
+    grads_ref = [torch.zeros_like(t) if d is None else d
+                 for t, d in zip((q, k, v), torch.autograd.grad(ref, (q, k, v), g, allow_unused=True))]
+    for path in (attn.attend_reference, attn.attend):
+        y = path(q, k, v)
+        torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10, msg=path.__name__)
+        grads = [torch.zeros_like(t) if d is None else d
+                 for t, d in zip((q, k, v), torch.autograd.grad(y, (q, k, v), g, allow_unused=True))]
+        for name, a, b in zip('qkv', grads, grads_ref):
+            if name != 'k' or local:  # a routing head reads no k: its key is its query
+                assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f'{path.__name__}: gradient of {name}')
+        print(f"T={T} {path.__name__}: max |y - ref| {(y - ref).abs().max().item():.1e}")
 
 
 def test_a_routing_head_shares_its_query_and_key():

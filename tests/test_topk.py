@@ -8,7 +8,7 @@ import torch
 
 from attention import SoftmaxAttention
 from rules import AttentionConfig, build_attention
-from conftest import assert_causal, cached_generation_equals_the_forward, qkv
+from conftest import assert_causal, build_layer, cached_generation_equals_the_forward, qkv
 from model import GPT, GPTConfig
 
 
@@ -32,8 +32,7 @@ def topk_reference(q, k, v, visible, topk):
 
 
 def make(T, **kw):
-    cfg = AttentionConfig(**{**dict(n_embd=24, n_head=3, block_size=T, attention='topk'), **kw})
-    return build_attention(cfg, 0).double()
+    return build_layer('topk', T, **kw)
 
 
 # (T, k, keys): causal rows with fewer than k keys, k > T (softmax), k = 1, the ViT, query tiles of 4 rows (T not a
@@ -45,19 +44,23 @@ CASES = [(13, 4, dict()), (9, 16, dict()), (12, 1, dict()), (21, 5, dict(causal=
 
 @pytest.mark.parametrize('T,topk,kw', CASES)
 def test_matches_reference(T, topk, kw):
+    """The rule's formula as code (attend_reference, every pair at once) and its math path (attend, in tiles), each
+    against the per-row reference above: the output and the gradients of q, k and v."""
     attn = make(T, topk_k=topk, **kw)
     W = kw.get('window', 0)
     visible = (lambda i: list(range(T))) if not kw.get('causal', True) else \
         (lambda i: [j for j in range(i + 1) if not W or i - j < W])
     q, k, v = qkv(T)
-    y = attn.attend(q, k, v)
     ref = topk_reference(q, k, v, visible, topk)
-    torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10)
-    g = torch.randn_like(y)
-    for name, a, b in zip('qkv', torch.autograd.grad(y, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
-        if topk > 1 or name == 'v':  # (one key per row: its weight is 1 whatever q and k are)
-            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f'gradient of {name}')
+    g = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (q, k, v), g)
+    for path in (attn.attend_reference, attn.attend):
+        y = path(q, k, v)
+        torch.testing.assert_close(y, ref, atol=1e-10, rtol=1e-10, msg=path.__name__)
+        for name, a, b in zip('qkv', torch.autograd.grad(y, (q, k, v), g), grads_ref):
+            if topk > 1 or name == 'v':  # (one key per row: its weight is 1 whatever q and k are)
+                assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f'{path.__name__}: gradient of {name}')
 
 
 def test_a_tie_at_the_kth_score_keeps_every_tied_key():
