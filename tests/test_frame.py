@@ -48,6 +48,23 @@ def test_every_rule_is_project_attend_out(kw):
 
 
 @pytest.mark.parametrize('kw', rule_cases(CAUSAL) + rule_cases(VIT, 'has_bidirectional_form'))
+def test_forward_equals_the_formula(kw):
+    """A rule whose attend saves memory writes its formula as code (attend_reference, every pair at once): what
+    forward runs here equals it, in every form the rule has (each rule's own tests check gradients, and against a
+    per-pair reference of their own)."""
+    torch.manual_seed(0)
+    attn = build_attention(small(**kw), 0).double().eval()
+    rules = [attn.softmax, attn.rule] if kw.get('mix') else [attn]
+    x = torch.randn(2, 65, 32, dtype=torch.float64)
+    for rule in rules:
+        if not hasattr(rule, 'attend_reference'):  # its attend is the formula, every pair at once
+            continue
+        tensors = rule.project(x)
+        torch.testing.assert_close(rule.path(x.device)(*tensors), rule.attend_reference(*tensors), atol=1e-10,
+                                   rtol=1e-10, msg=type(rule).__name__)
+
+
+@pytest.mark.parametrize('kw', rule_cases(CAUSAL) + rule_cases(VIT, 'has_bidirectional_form'))
 def test_every_rule_has_its_ideal_flops(kw):
     # support/flops.py reads each layer's count from its rule: one without it would raise, never count nothing
     attn = build_attention(small(**kw), 0)
