@@ -41,7 +41,7 @@ def test_the_top_level_is_the_card():
 def test_imports_read_downward():
     for path in [ROOT / name for name in MODEL_FILES] + tracked('rules/*.py'):
         assert not imported(path) & {'support', 'studies', 'train', 'sample', 'bench'}, path
-    assert imported(ROOT / 'attention.py') <= {'machinery', 'torch', 'numpy', 'math', 'dataclasses', 'functools'}
+    assert imported(ROOT / 'attention.py') <= {'machinery', 'torch', 'math', 'dataclasses'}  # the frame: no numpy
     for path in tracked('support/*.py') + tracked('prepare/*.py'):
         assert 'studies' not in imported(path), path
     for path in tracked('prepare/*.py'):  # the data's floor: support and the scripts build on it, never the reverse
@@ -53,7 +53,7 @@ def test_imports_read_downward():
 
 
 def test_a_rule_file_imports_the_frame_and_the_machinery_only():
-    """rules/<key>.py: attention.py (the frame, softmax, what rules share), machinery/, torch, numpy and the standard
+    """rules/<key>.py: attention.py (the frame, softmax, the row-weights frame), machinery/, torch, numpy and the standard
     library at its top, never another rule, and nothing below the top (the registry hands the mix its rule)."""
     for path in tracked('rules/*.py'):
         tree = ast.parse(path.read_text())
