@@ -72,6 +72,7 @@ import collections
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -131,6 +132,8 @@ partition = ''              # slurm: the partition ('': the cluster's default)
 time_min = 4320             # slurm (and submitit_local): a job's time limit in minutes; one that runs out, or is
                             # preempted, is resubmitted and goes on from its checkpoint
 account = ''                # slurm: the account the jobs are charged to ('': the user's default)
+cpus_per_task = 0           # slurm: CPUs of a node's task (torchrun and its gpus_per_node processes); 0 = 8 a GPU
+mem_gb = 0                  # slurm: memory of each node's task in GB; 0 = the cluster's default
 exec(open(ROOT / 'configurator.py').read())
 # -----------------------------------------------------------------------------
 SOURCES = ('text_source', 'cifar_source', 'cifar100_source')  # the settings a System's `data` names
@@ -165,12 +168,19 @@ class Lab:
     partition: str
     time_min: int
     account: str
+    cpus_per_task: int
+    mem_gb: int
     command: tuple          # (settings, given): what a job rebuilds this Lab from where it lands
 
     @property
     def folder(self):
         """The runs, the table and its figures: out_root, or out_root/TABLE."""
         return os.path.join(self.out_root, self.table_name) if self.table_name else self.out_root
+
+    @property
+    def world_size(self):
+        """The processes that train each run: nproc_per_node here (or a local job), nodes × gpus_per_node a SLURM job."""
+        return self.nodes * self.gpus_per_node if self.launcher == 'slurm' else self.nproc_per_node
 
 
 class Run(NamedTuple):
@@ -447,12 +457,45 @@ def torchrun(lab, folder):
 
 
 def training_command(lab, run, folder):
-    """(script, arguments) that make a run now: train.py going on from the run's checkpoint where a stop (Ctrl-C, a
-    job preempted or out of time) left one."""
+    """(script, arguments) that make a run now: train.py on the lab's processes (spread_batch), going on from the
+    run's checkpoint where a stop (Ctrl-C, a job preempted or out of time) left one."""
     script, args = run_command(lab, run)
-    if os.path.exists(os.path.join(folder, 'ckpt.pt')) and script == 'train.py':
-        args.append('--init_from=resume')
+    if script == 'train.py':
+        args += spread_batch(lab, args)[0]
+        if os.path.exists(os.path.join(folder, 'ckpt.pt')):
+            args.append('--init_from=resume')
     return script, args
+
+
+def spread_batch(lab, args):
+    """([train.py arguments], what they change) that train a run of `args` on lab.world_size processes with the
+    recipe's batch of a step. train.py's DDP shares a step's gradient_accumulation_steps G out among the processes;
+    where they do not divide G, each micro-batch is cut in f (the least f that makes G·f a multiple of them) and G
+    multiplied by f: batch_size·G, the samples of a step, unchanged. ValueError where batch_size has no such cut."""
+    from studies.cost import train_settings
+    settings, n = train_settings(args), lab.world_size
+    steps, batch = settings['gradient_accumulation_steps'], settings['batch_size']
+    if steps % n == 0:
+        return [], ''
+    cut = cut_of(steps, n)
+    if batch % cut:
+        shares = [m for m in range(1, steps * batch + 1) if batch % cut_of(steps, m) == 0]
+        near = [max([m for m in shares if m < n], default=0), min([m for m in shares if m > n], default=0)]
+        raise ValueError(f"{n} processes ({world_text(lab)}) cannot share a step of gradient_accumulation_steps="
+                         f"{steps} × batch_size={batch} (no {cut}-way cut of the batch); pass a count of processes "
+                         f"that shares it: {' or '.join(str(m) for m in near if m)}")
+    return ([f'--batch_size={batch // cut}', f'--gradient_accumulation_steps={steps * cut}'],
+            f"batch {batch} × {steps} micro-steps as {batch // cut} × {steps * cut} on {n} processes (a step's "
+            f"samples unchanged)")
+
+
+def cut_of(steps, n):  # the least f that makes steps·f a multiple of n
+    return n // math.gcd(steps, n)
+
+
+def world_text(lab):
+    return (f"--nodes={lab.nodes} × --gpus_per_node={lab.gpus_per_node}" if lab.launcher == 'slurm' else
+            f"--nproc_per_node={lab.nproc_per_node}")
 
 
 def train_run(lab, run):
@@ -1175,6 +1218,8 @@ def print_cost(lab):
             print(f"[{state}] {name}: swapped into {os.path.relpath(run_dir(lab, first_run(lab, run)), lab.out_root)}"
                   f", no training\n    python {shlex.join([script, *args])}")
             continue
+        spread, note = spread_batch(lab, args)
+        args = args + spread  # what its processes run: the step's samples unchanged
         base = base_run(lab, run)
         cost = run_cost(args, shapes.get(run_dir(lab, base)) if base else None)
         shapes[folder] = cost['model_args']
@@ -1182,7 +1227,7 @@ def print_cost(lab):
         left += 0 if state.startswith('done') else cost['flops']
         print(f"[{state}] {name}: {count_text(cost['params'])} parameters, {count_text(cost['tokens'])} tokens (T "
               f"{cost['T']}), {cost['flops']:.3g} FLOPs, {gpu_hours(cost['flops'], lab.gpu, lab.mfu):,.1f} GPU-hours"
-              f"\n    python {shlex.join([script, *args])}")
+              f"{'; ' + note if note else ''}\n    python {shlex.join([script, *args])}")
     done = sum(s.startswith('done') for s in states)
     print(f"total: {len(states)} runs ({len(states) - done} to train, {done} done), {total:.3g} FLOPs, "
           f"{gpu_hours(total, lab.gpu, lab.mfu):,.1f} GPU-hours; to train: {left:.3g} FLOPs, "
@@ -1190,27 +1235,25 @@ def print_cost(lab):
           f"on 8 GPUs)")
 
 
-def check_accumulation(lab):
-    """ValueError where nproc_per_node does not divide a run's gradient_accumulation_steps (train.py's DDP splits a
-    step's micro-batches among the processes: N processes see the batch one would), before any run."""
-    if lab.nproc_per_node == 1:
+def check_processes_share_each_step(lab):
+    """ValueError where the processes that train each run (lab.world_size: the launcher's, SLURM's nodes × GPUs
+    included) cannot share some run's step (spread_batch), before anything runs or is submitted; a dry run too."""
+    if lab.world_size == 1:
         return
-    from studies.cost import train_settings
     for run in needed_runs(lab, planned_cells(lab)[1]).values():
         script, args = run_command(lab, run)
-        steps = train_settings(args)['gradient_accumulation_steps'] if script == 'train.py' else 0
-        if steps % lab.nproc_per_node:
-            raise ValueError(f"nproc_per_node={lab.nproc_per_node} does not divide gradient_accumulation_steps={steps} "
-                             f"of {run.system} {run.row} at budget {lab.budget} (each process takes a share of a "
-                             f"step's micro-batches); pass --recipe=--gradient_accumulation_steps="
-                             f"{steps * lab.nproc_per_node} (a larger step), or a divisor of {steps}")
+        if script == 'train.py':
+            try:
+                spread_batch(lab, args)
+            except ValueError as e:
+                raise ValueError(f"{run.system} {run.row} at budget {lab.budget}: {e}") from None
 
 
 def main():
     lab = check_or_exit(lab_settings, script_settings(globals()), overridden)  # before any work
+    check_or_exit(check_processes_share_each_step, lab)  # the dry run too: it prices what would run
     if lab.dry_run:
         return print_cost(lab)
-    check_or_exit(check_accumulation, lab)
     take_folder(lab)
     cells, todo = planned_cells(lab)
     run_cells(lab, cells, todo)

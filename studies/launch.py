@@ -10,7 +10,8 @@ import shutil
 import sys
 
 LAUNCHERS = ('local', 'submitit_local', 'slurm')  # local: a process per run, here (ablate.py's `launched`)
-SLURM_KEYS = ('nodes', 'gpus_per_node', 'partition', 'time_min', 'account')
+SLURM_KEYS = ('nodes', 'gpus_per_node', 'partition', 'time_min', 'account', 'cpus_per_task', 'mem_gb')
+CPUS_PER_GPU = 8  # a node's task's CPUs where cpus_per_task=0: a data loader and the process of each GPU
 RENDEZVOUS_PORT = 29500  # torchrun's c10d store on the job's first node
 
 
@@ -38,6 +39,9 @@ def check_launcher(c, given):
     for key in ('nodes', 'gpus_per_node', 'time_min'):
         if c[key] < 1:
             raise ValueError(f"{key}={c[key]} must be at least 1; pass --{key}=1 or more")
+    for key in ('cpus_per_task', 'mem_gb'):
+        if c[key] < 0:
+            raise ValueError(f"{key}={c[key]} must be 0 (the default) or more; pass --{key}=0 or more")
 
 
 def torchrun_args(nproc, nodes=1, job=None):
@@ -84,7 +88,8 @@ class Job:
 
 def executor(lab, folder):
     """The submitit executor of the lab's jobs, its logs in `folder`: one node's processes here (submitit_local), or
-    a SLURM job of nodes × gpus_per_node (a task per node, each running torchrun), its partition, time and account."""
+    a SLURM job of nodes × gpus_per_node (a task per node, each running torchrun), its partition, time, account, CPUs
+    and memory."""
     import submitit
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ['PYTHONPATH'] = os.pathsep.join(  # the job's python imports studies/ from the repo
@@ -95,8 +100,9 @@ def executor(lab, folder):
         return ex
     ex = submitit.SlurmExecutor(folder)
     ex.update_parameters(nodes=lab.nodes, ntasks_per_node=1, gpus_per_node=lab.gpus_per_node, time=lab.time_min,
-                         **{key: value for key, value in (('partition', lab.partition), ('account', lab.account))
-                            if value})
+                         cpus_per_task=lab.cpus_per_task or CPUS_PER_GPU * lab.gpus_per_node,
+                         **{key: value for key, value in (('partition', lab.partition), ('account', lab.account),
+                                                          ('mem', lab.mem_gb and f'{lab.mem_gb}G')) if value})
     return ex
 
 

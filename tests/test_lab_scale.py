@@ -139,6 +139,45 @@ def test_a_slurm_job_is_nodes_times_gpus_under_torchruns_rendezvous(tmp_path, mo
     assert ablate.torchrun(lab, folder) == [
         '-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=4', '--rdzv_backend=c10d',
         '--rdzv_endpoint=gpu07:29500', f'--rdzv_id=4242-{folder.rsplit("/", 1)[1]}']
+    # 8 processes share each step: each micro-batch cut, the micro-steps multiplied, a step's samples unchanged
+    from studies.cost import train_settings
+    recipe = train_settings(ablate.run_command(lab, todo[0])[1])
+    spread = train_settings(ablate.training_command(lab, todo[0], folder)[1])
+    assert spread['gradient_accumulation_steps'] % 8 == 0 and spread['batch_size'] < recipe['batch_size']
+    assert (spread['batch_size'] * spread['gradient_accumulation_steps'] ==
+            recipe['batch_size'] * recipe['gradient_accumulation_steps'])
+    assert ex.parameters['cpus_per_task'] == 32 and 'mem' not in ex.parameters  # 8 CPUs a GPU; the cluster's memory
     job = launch.Job(settings, given, 'cell_run', todo[0])
     again = job.checkpoint()  # preempted or out of time: the same job resubmitted
     assert isinstance(again, submitit.helpers.DelayedSubmission) and again.function is job
+
+
+def test_a_world_that_cannot_share_a_step_is_refused_before_any_job_and_a_jobs_cpus_and_memory_are_set(tmp_path,
+                                                                                                     monkeypatch):
+    """nodes × gpus_per_node is the world a run's step is shared by: 3 processes cannot share the tiny recipe's step
+    (one micro-batch of 8), refused before a job is submitted, a dry run too; --cpus_per_task and --mem_gb reach the
+    sbatch script."""
+    submitit = pytest.importorskip('submitit', reason="submitit (requirements-extras.txt) submits the lab's jobs")
+    for tool in ('srun', 'sbatch'):
+        (tmp_path / tool).write_text('#!/bin/sh\nexit 1\n')
+        (tmp_path / tool).chmod(0o755)
+    env = f"{tmp_path}:{__import__('os').environ['PATH']}"
+    monkeypatch.setenv('PATH', env)
+    for dry in ('False', 'True'):
+        out = run_script('studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax', '--launcher=slurm',
+                         '--nodes=3', '--gpus_per_node=1', f'--dry_run={dry}', f'--out_root={tmp_path / "lab"}',
+                         check=False)
+        assert out.strip().splitlines()[-1] == (
+            "error: recall softmax at budget tiny: 3 processes (--nodes=3 × --gpus_per_node=1) cannot share a step of "
+            "gradient_accumulation_steps=1 × batch_size=32 (no 3-way cut of the batch); pass a count of processes "
+            "that shares it: 2 or 4"), out
+    assert not (tmp_path / 'lab').exists()
+    monkeypatch.setattr('sys.argv', ['ablate.py'])
+    from studies import ablate, launch
+    from support.checks import script_settings
+    settings = {**script_settings(vars(ablate)), 'launcher': 'slurm', 'gpus_per_node': 2, 'cpus_per_task': 12,
+                'mem_gb': 200, 'budget': 'tiny', 'out_root': str(tmp_path / 'lab')}
+    ex = launch.executor(ablate.lab_settings(settings, {'launcher', 'gpus_per_node', 'cpus_per_task', 'mem_gb'}),
+                         tmp_path / 'jobs')
+    sbatch = ex._make_submission_file_text('python -u -m submitit.core._submit JOBS', 'uid').splitlines()
+    assert '#SBATCH --cpus-per-task=12' in sbatch and '#SBATCH --mem=200G' in sbatch, sbatch
