@@ -24,7 +24,9 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, check_dataset_dir, script_errors, write_prepared
+from prepare.catalog import check_dataset_dir
+from prepare.folder import array_file, write_prepared
+from prepare.script import script_errors
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'passkey')
 FILLER = 16
@@ -172,7 +174,8 @@ def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_tr
 
 
 if __name__ == '__main__':
-    from prepare import check_examples_fit, whole_number
+    from prepare.examples import check_examples_fit
+    from prepare.script import whole_number
     parser = argparse.ArgumentParser(description="passkey retrieval")
     for key, default in (('seq_len', 64), ('digits', 4), ('num_train', 100_000), ('num_val', 2_000), ('seed', 0)):
         parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
