@@ -8,7 +8,7 @@ The datasets, one module each (a script, and the prepare() that DATASETS names):
     shakespeare.py       Tiny Shakespeare as GPT-2 BPE tokens, for fine-tuning GPT-2
     openwebtext.py       OpenWebText as GPT-2 tokens        } through text.py: GPT-2 BPE web text, streamed,
     fineweb_edu.py       FineWeb-Edu as GPT-2 tokens        } appended to and continued from meta.json's record
-    recall.py            multi-query associative recall     } generated in code
+    recall.py            multi-query associative recall     } generated in code, through examples.py
     passkey.py           passkey retrieval                  }
     cifar.py             CIFAR-10/100 and MNIST images (a ViT's, and the pixel model's sequences)
 
@@ -19,7 +19,7 @@ What they share:
                  one process preparing it at a time (alone), a full disk in one line (stop_if_disk_full)
     sources.py   where data comes from: the GPT-2 tokenizer, the Hub or its cache, a local --source read whole
                  (read_source_text, read_source_rows, read_documents) and checked against the folder's record
-    examples.py  the generated tasks: a split made at once must fit this machine's memory
+    examples.py  the generated tasks' scripts: writing their splits, their command line, a split that must fit
     script.py    every script's command line: whole-number settings, each error one `error:` line
     atomic.py    writing one file atomically, for everything above the data too (support, the scripts, the studies)
 """
