@@ -33,8 +33,9 @@ from support.checks import (check_device, check_dtype, check_fits, check_folder,
 from support.pixels import cache_mib, png_grid, timed_draw, to_images
 from model import GPT, GPTConfig
 from support.pretrained import OWN_STARTS, check_init_from, load_base
-from prepare import ROOT, dataset_kind, gpt2_encoding
+from prepare import ROOT, dataset_kind
 from prepare.recall import make_examples
+from prepare.sources import gpt2_encoding
 from support.runtime import precision
 
 # -----------------------------------------------------------------------------

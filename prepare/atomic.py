@@ -1,8 +1,8 @@
 """
 Writing a file atomically: a reader sees the old file or the new one, never half of one, and a write that fails
 (disk full, a missing folder, Ctrl-C) leaves nothing behind. failure_line is the one line a failed write is told in;
-write_or_exit ends a script's output write in it (a prepared folder's files too: prepare.write_prepared). It sits
-here, at the floor of the data (it needs nothing but os), so that the prepare scripts and everything above them
+write_or_exit ends a script's output write in it (a prepared folder's files too: prepare.folder.write_prepared). It
+sits here, at the floor of the data (it needs nothing but os), so that the prepare scripts and everything above them
 (support.atomic.save_checkpoint, the scripts, the studies) write through one mechanism.
 """
 import os

@@ -19,8 +19,9 @@ from tqdm import tqdm
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prepare import (array_file, check_source, hub_or_cache, local_copy, read_meta, script_errors, stop_if_disk_full,
-                     write_prepared)
+from prepare.folder import array_file, read_meta, stop_if_disk_full, write_prepared
+from prepare.script import script_errors
+from prepare.sources import check_source, hub_or_cache, local_copy
 
 DATASETS = {'cifar10': 'uoft-cs/cifar10', 'cifar100': 'uoft-cs/cifar100', 'mnist': 'ylecun/mnist'}  # name -> Hub id
 IMAGES = {'cifar10': ('img', 32, 'RGB'), 'cifar100': ('img', 32, 'RGB'),  # name -> image column, side, PIL mode

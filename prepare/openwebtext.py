@@ -14,8 +14,11 @@ if __name__ == "__main__":  # run as a script: make the `prepare` package import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import load_dataset
 
-from prepare import check_source, default_data_dir, script_errors
-from prepare.text import arg_parser, open_dataset, prepare_text, prepared_enough, read_meta
+from prepare.catalog import default_data_dir
+from prepare.folder import read_meta
+from prepare.script import script_errors
+from prepare.sources import check_source
+from prepare.text import arg_parser, open_dataset, prepare_text, prepared_enough
 
 HUB = "Skylion007/openwebtext"
 DATA_DIR = default_data_dir("openwebtext")

@@ -16,7 +16,6 @@ wherever the KEY was, however far back, which local windows can only reach throu
 
 $ python prepare/passkey.py [--seq_len=64 --digits=4 --needles=1 --data_dir=data/passkey]
 """
-import argparse
 import os
 import sys
 
@@ -24,7 +23,7 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, check_dataset_dir, script_errors, write_prepared
+from prepare.examples import main, write_examples
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'passkey')
 FILLER = 16
@@ -161,26 +160,10 @@ def prepare(data_dir=DEFAULT_DIR, source=None, seq_len=64, digits=DIGITS, num_tr
     check_task(task, needles)
     if str(needles) != '1':  # a single needle's folders, from before needles existed, stay valid
         task['needles'] = str(needles)
-    if (check_dataset_dir('passkey', data_dir) or {}).get('task') == task:  # a damaged or foreign folder: ValueError
-        return
-    files = {}
-    for split, n, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1)):
-        for part, arr in zip('xy', make_examples(n, seq_len, digits, split_seed, needles)):
-            files[f'{split}_{part}.npy'] = array_file(arr)
-    write_prepared(data_dir, files, dict(dataset='passkey', kind='examples', encoding='tokens',
-                                         vocab_size=vocab_size(), task=task))
+    write_examples('passkey', data_dir, task, lambda n, seed: make_examples(n, seq_len, digits, seed, needles),
+                   vocab_size())
 
 
 if __name__ == '__main__':
-    from prepare import check_examples_fit, whole_number
-    parser = argparse.ArgumentParser(description="passkey retrieval")
-    for key, default in (('seq_len', 64), ('digits', 4), ('num_train', 100_000), ('num_val', 2_000), ('seed', 0)):
-        parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
-                            default=default)
-    parser.add_argument('--needles', default='1')
-    parser.add_argument('--data_dir', type=os.path.expanduser, default=DEFAULT_DIR)
-    args = vars(parser.parse_args())
-    with script_errors():  # a bad setting, too many examples, a foreign data_dir, a full disk, Ctrl-C: one line
-        check_examples_fit(args)
-        prepare(args.pop('data_dir'), **args)
-    print(f"passkey task {args} -> ok")
+    main('passkey', "passkey retrieval", prepare, DEFAULT_DIR, seq_len=64, digits=4, num_train=100_000, num_val=2_000,
+         seed=0, needles='1')

@@ -12,7 +12,6 @@ which is what attention rules differ on (a window shorter than the context canno
 
 $ python prepare/recall.py [--num_keys=16 --num_pairs=4 --seq_len=32 --data_dir=data/recall]
 """
-import argparse
 import os
 import sys
 
@@ -20,7 +19,7 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, check_dataset_dir, script_errors, write_prepared
+from prepare.examples import main, write_examples
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'recall')
 
@@ -72,28 +71,13 @@ def prepare(data_dir=DEFAULT_DIR, source=None, num_keys=16, num_pairs=4, seq_len
     """Write {train,val}_{x,y}.npy and meta.json; return at once if data_dir holds this exact task already."""
     if source:
         raise ValueError("the recall task is generated in code; it takes no --source")
-    task = dict(num_keys=num_keys, num_pairs=num_pairs, seq_len=seq_len, num_train=num_train, num_val=num_val, seed=seed)
+    task = dict(num_keys=num_keys, num_pairs=num_pairs, seq_len=seq_len, num_train=num_train, num_val=num_val,
+                seed=seed)
     check_task(task)
-    if (check_dataset_dir('recall', data_dir) or {}).get('task') == task:  # a damaged or foreign folder: ValueError
-        return
-    files = {}
-    for split, n, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1)):
-        for part, arr in zip('xy', make_examples(n, num_keys, num_pairs, seq_len, split_seed)):
-            files[f'{split}_{part}.npy'] = array_file(arr)
-    write_prepared(data_dir, files, dict(dataset='recall', kind='examples', encoding='tokens', vocab_size=2 * num_keys,
-                                         task=task))
+    write_examples('recall', data_dir, task, lambda n, seed: make_examples(n, num_keys, num_pairs, seq_len, seed),
+                   2 * num_keys)
 
 
 if __name__ == '__main__':
-    from prepare import check_examples_fit, whole_number
-    parser = argparse.ArgumentParser(description="multi-query associative recall")
-    for key, default in (('num_keys', 16), ('num_pairs', 4), ('seq_len', 32), ('num_train', 100_000),
-                         ('num_val', 2_000), ('seed', 0)):
-        parser.add_argument(f'--{key}', type=whole_number(key, default, at_least=0 if key == 'seed' else 1),
-                            default=default)
-    parser.add_argument('--data_dir', type=os.path.expanduser, default=DEFAULT_DIR)
-    args = vars(parser.parse_args())
-    with script_errors():  # a bad setting, too many examples, a foreign data_dir, a full disk, Ctrl-C: one line
-        check_examples_fit(args)
-        prepare(args.pop('data_dir'), **args)
-    print(f"recall task {args} -> ok")
+    main('recall', "multi-query associative recall", prepare, DEFAULT_DIR, num_keys=16, num_pairs=4, seq_len=32,
+         num_train=100_000, num_val=2_000, seed=0)

@@ -11,7 +11,9 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import check_source, default_data_dir, gpt2_encoding, read_meta
+from prepare.catalog import default_data_dir
+from prepare.folder import read_meta
+from prepare.sources import check_source, gpt2_encoding
 from prepare.shakespeare_char import URL, main, read_text, write_splits
 
 DEFAULT_DIR = default_data_dir('shakespeare')

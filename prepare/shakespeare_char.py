@@ -12,7 +12,9 @@ import numpy as np
 
 if __name__ == '__main__':  # run as a script: make the `prepare` package importable from the repo root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import array_file, check_source, read_meta, read_source_text, script_errors, write_prepared
+from prepare.folder import array_file, read_meta, write_prepared
+from prepare.script import script_errors
+from prepare.sources import check_source, read_source_text
 
 URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'shakespeare_char')

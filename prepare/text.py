@@ -25,9 +25,10 @@ import numpy as np
 from datasets import load_dataset
 from tqdm import tqdm
 
-from prepare import (gpt2_encoding, hub_or_cache, local_copy, read_meta,  # read_meta: openwebtext.py reads it
-                     stop_if_disk_full, whole_number)
 from prepare.atomic import write_atomically, write_text
+from prepare.folder import read_meta, stop_if_disk_full
+from prepare.script import whole_number
+from prepare.sources import gpt2_encoding, hub_or_cache, local_copy
 
 EOT = 50256  # <|endoftext|>
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}  # suffix -> datasets loader

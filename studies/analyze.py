@@ -37,8 +37,9 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
 from machinery.masks import causal_mask, dense_mask
 from rules import MixAttention
 from model import layer_inputs_outputs
-from prepare import ROOT, check_files, dataset_kind, read_meta, recorded_dataset, stored_as
+from prepare import ROOT, check_files, dataset_kind, recorded_dataset, stored_as
 from prepare.atomic import write_atomically, write_or_exit
+from prepare.folder import read_meta
 from support.loading import load_run
 from support.checks import (check_device, check_fits, check_folder, check_or_exit, check_ranges, check_writable_file,
                             script_settings)

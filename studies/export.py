@@ -22,8 +22,9 @@ from dataclasses import asdict
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT
-from prepare import ROOT, gpt2_encoding
+from prepare import ROOT
 from prepare.atomic import write_or_exit
+from prepare.sources import gpt2_encoding
 from support.checks import check_or_exit, one_line_errors, script_settings
 from support.loading import checkpoint_path, load_run
 from support.pretrained import DATASET_ENCODING, TOKEN_NAMES, hub_config, hub_tensors

@@ -26,8 +26,9 @@ import torch.nn.functional as F
 
 if __package__ in (None, ''):  # run as a script: the repo root on the path, as for prepare/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from prepare import ROOT, check_files, gpt2_encoding
+from prepare import ROOT, check_files
 from prepare.passkey import make_examples, make_text_examples, parse_needles, shortest
+from prepare.sources import gpt2_encoding
 from machinery.rope import ROPE_SCALINGS
 from support.loading import load_run
 from support.checks import (check_device, check_dtype, check_folder, check_int_list, check_or_exit, check_ranges,

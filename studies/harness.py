@@ -224,7 +224,7 @@ def check_harness_settings(c):
 def check_local_files(c, names, scrolls):
     """ValueError naming the local file a task reads where its rows lack the task's fields or it holds no text: read
     as the task reads it (lm_tasks/local.py), now, not a KeyError or a ZeroDivisionError from inside the harness."""
-    from prepare import read_documents, read_source_rows
+    from prepare.sources import read_documents, read_source_rows
     from support.hellaswag import SCHEMA, read_rows
     if {'hellaswag_local', 'hellaswag_nanogpt'} & set(names):
         read_rows(c['hellaswag_source'], SCHEMA)
@@ -272,7 +272,7 @@ def write_results(results, elapsed, table):
 
 
 def main():
-    from prepare import gpt2_encoding
+    from prepare.sources import gpt2_encoding
     from support.runtime import precision
     from support.checks import check_or_exit, one_line_errors, script_settings
     names = check_or_exit(check_harness_settings, script_settings(globals()))

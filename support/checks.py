@@ -23,8 +23,9 @@ from rules import check_attention_name, check_keys_read
 from model import GPTConfig
 from support.loading import load_checkpoint
 from support.pretrained import OWN_STARTS, check_init_from
-from prepare import DATASETS, check_dataset_name, dataset_kind, memory_bytes as machine_memory
+from prepare import DATASETS, check_dataset_name, dataset_kind
 from prepare import passkey, recall
+from prepare.examples import memory_bytes as machine_memory
 from support.runtime import DTYPES, check_attention_layers, dataclass_values, exit_with_error
 from vit import ViTConfig
 

@@ -1,5 +1,5 @@
 """
-Batches of a prepared dataset for train.py, whatever its kind (prepare/__init__.py): 'text' is a uint16 token stream
+Batches of a prepared dataset for train.py, whatever its kind (prepare/catalog.py): 'text' is a uint16 token stream
 read at random offsets, 'examples' are fixed (x, y) rows, 'image' are uint8 images kept on the device and augmented
 there, 'pixels' are those images read as sequences of subpixels (raster order, channels side by side: one token
 each, 256 values) for the pixel model, which predicts subpixels 2..N from their prefix. A batch is named by its
@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from prepare import dataset_kind, read_meta
+from prepare import dataset_kind
+from prepare.folder import read_meta
 
 
 # -----------------------------------------------------------------------------

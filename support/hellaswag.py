@@ -15,7 +15,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from prepare import ROOT, gpt2_encoding, read_source_rows
+from prepare import ROOT
+from prepare.sources import gpt2_encoding, read_source_rows
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 CACHE_DIR = ROOT / "data" / "hellaswag"

@@ -115,7 +115,7 @@ def test_transformers_tokenizer_makes_tiktokens_ids(exported):
     """AutoTokenizer on the exported folder, offline: tiktoken's GPT-2 ids for text with spaces, tabs, newlines,
     accents, CJK, emoji and digits; the text back from them; <|endoftext|> as every special token (50256)."""
     transformers = pytest.importorskip('transformers', reason="transformers (an extra) not installed")
-    from prepare import gpt2_encoding
+    from prepare.sources import gpt2_encoding
     enc = gpt2_encoding()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported['trained here'][1]), local_files_only=True)
     for text in SENTENCES:

@@ -19,7 +19,8 @@ import tiktoken  # noqa: E402
 
 from conftest import run_script  # noqa: E402
 import prepare  # noqa: E402
-from prepare import fineweb_edu, openwebtext, read_meta, text  # noqa: E402
+from prepare import fineweb_edu, openwebtext, text  # noqa: E402
+from prepare.folder import read_meta  # noqa: E402
 
 PARQUET = SHARED / "fineweb_edu" / "fineweb_edu_150docs.parquet"
 JSONL = SHARED / "fineweb_edu" / "fineweb_edu_150docs.jsonl"

@@ -11,7 +11,7 @@ import datasets
 from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 
-from prepare import read_documents
+from prepare.sources import read_documents
 from support.hellaswag import SCHEMA, read_rows
 
 
