@@ -59,11 +59,15 @@ def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
     source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     common = ['studies/ablate.py', '--table=tda', '--systems=text', '--rows=softmax', '--budget=tiny',
               f'--text_source={source}', accumulate]
-    refused = run_script(*common[:-1], f'--out_root={tmp_path / "refused"}', '--nproc_per_node=2', check=False)
+    # the recipe's one micro-step of 8 rows: two processes take 4 rows each, three cannot share it (refused)
+    spread = run_script(*common[:-1], f'--out_root={tmp_path / "dry"}', '--nproc_per_node=2', '--dry_run=True')
+    assert "batch 8 × 1 micro-steps as 4 × 2 on 2 processes (a step's samples unchanged)" in spread
+    assert "--batch_size=4 --gradient_accumulation_steps=2" in spread
+    refused = run_script(*common[:-1], f'--out_root={tmp_path / "refused"}', '--nproc_per_node=3', check=False)
     assert [line for line in refused.splitlines() if line.startswith('error:')] == [
-        "error: nproc_per_node=2 does not divide gradient_accumulation_steps=1 of text softmax at budget tiny (each "
-        "process takes a share of a step's micro-batches); pass --recipe=--gradient_accumulation_steps=2 (a larger "
-        "step), or a divisor of 1"] and not (tmp_path / 'refused').exists()
+        "error: text softmax at budget tiny: 3 processes (--nproc_per_node=3) cannot share a step of "
+        "gradient_accumulation_steps=1 × batch_size=8 (no 3-way cut of the batch); pass a count of processes that "
+        "shares it: 2 or 4"] and not (tmp_path / 'refused').exists()
     run_script(*common, f'--out_root={tmp_path / "serial"}')
     ddp = run_script(*common, f'--out_root={tmp_path / "ddp"}', '--nproc_per_node=2')
     one, two = (json.loads((tmp_path / name / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
