@@ -132,6 +132,8 @@ partition = ''              # slurm: the partition ('': the cluster's default)
 time_min = 4320             # slurm (and submitit_local): a job's time limit in minutes; one that runs out, or is
                             # preempted, is resubmitted and goes on from its checkpoint
 account = ''                # slurm: the account the jobs are charged to ('': the user's default)
+reuse_stale = False         # reuse a kept run the code no longer trains alike (its cell says so); False: set it
+                            # aside (kept, renamed) and train it again
 cpus_per_task = 0           # slurm: CPUs of a node's task (torchrun and its gpus_per_node processes); 0 = 8 a GPU
 mem_gb = 0                  # slurm: memory of each node's task in GB; 0 = the cluster's default
 exec(open(ROOT / 'configurator.py').read())
@@ -157,6 +159,7 @@ class Lab:
     tasks: str
     harness_args: str
     train_missing: bool
+    reuse_stale: bool
     dry_run: bool
     gpu: str
     mfu: float
@@ -334,7 +337,7 @@ def lab_settings(c, given=()):
         arguments_of = {s: {r: row_arguments(every[r], s) for r in row_names} for s in system_names}
     return Lab(c['budget'], name, spec, system_names, row_names, rows_of, arguments_of, seed_list, c['out_root'],
                c['recipe'], {k: c[k] for k in SOURCES}, c['tasks'], c['harness_args'], c['train_missing'],
-               c['dry_run'], c['gpu'], c['mfu'], c['nproc_per_node'], c['cells_at_once'], c['launcher'],
+               c['reuse_stale'], c['dry_run'], c['gpu'], c['mfu'], c['nproc_per_node'], c['cells_at_once'], c['launcher'],
                *(c[key] for key in SLURM_KEYS), (c, tuple(given)))
 
 
@@ -433,6 +436,49 @@ def first_run(lab, run):
     return base_run(lab, run)
 
 
+def code_of(lab, run):
+    """{'commit', 'code'}: the checkout's commit, and a hash of the files that train `run` (its script, train.py, the
+    model files, the registry, the mix, its rule's file and the machinery), as run.json keeps them."""
+    from studies.cost import train_settings
+    script, args = run_command(lab, run, out_dir=None)
+    rule = train_settings(args)['attention'] if script == 'train.py' else 'cluster'
+    files = [script, 'train.py', 'model.py', 'vit.py', 'attention.py', 'rules/__init__.py', 'rules/mix.py',
+             f'rules/{rule}.py', *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / 'machinery').rglob('*.py'))]
+    digest = hashlib.sha256()
+    for name in dict.fromkeys(files):
+        path = ROOT / name
+        digest.update(name.encode() + b'\0' + (path.read_bytes() if path.exists() else b'') + b'\0')
+    return {'commit': commit_text(), 'code': digest.hexdigest()[:12]}
+
+
+def commit_text():
+    """The checkout's short commit, said as such where it has uncommitted changes."""
+    git = lambda *a: subprocess.run(['git', *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git('rev-parse', '--short', 'HEAD') or 'unknown (not a git checkout)'
+    return commit + (' with uncommitted changes' if git('status', '--porcelain', '--untracked-files=no') else '')
+
+
+def stale(lab, run):
+    """'' where the run's folder is empty or this code trained it; else 'trained at C, the code now C2'."""
+    path = os.path.join(run_dir(lab, run), 'run.json')
+    if not os.path.exists(path):
+        return ''
+    made, now = read_json(path), code_of(lab, run)
+    if made.get('code') == now['code']:
+        return ''
+    return f"trained at {made.get('commit', 'a commit not recorded')}, the code now {now['commit']}"
+
+
+def set_aside(folder, made):
+    """Rename a folder a stale run left (its run, or a cell of it), kept beside the new one; its new name."""
+    aside = f"{folder}-code-{made.get('code', 'unrecorded')}"
+    n = 1
+    while os.path.exists(aside if n == 1 else f'{aside}-{n}'):
+        n += 1
+    os.rename(folder, aside if n == 1 else f'{aside}-{n}')
+    return aside if n == 1 else f'{aside}-{n}'
+
+
 def launched(script, args, log_path, ddp=()):
     """A script of the repo in a process of its own (ddp: python's torchrun arguments, torchrun_args), its output
     added to log_path; Failed with its error: line."""
@@ -505,6 +551,8 @@ def train_run(lab, run):
     with RUN_LOCKS_HELD:
         lock = RUN_LOCKS[folder]
     with lock:  # a base two cells side by side start from is trained by one, then read by both
+        if stale(lab, run) and not lab.reuse_stale:  # trained (or begun) by other code: kept aside, trained again
+            set_aside(folder, read_json(os.path.join(folder, 'run.json')))
         if os.path.exists(os.path.join(folder, 'trained.json')):
             return None
         return train_missing_run(lab, run, folder)
@@ -520,7 +568,8 @@ def train_missing_run(lab, run, folder):
     os.makedirs(folder, exist_ok=True)
     if not os.path.exists(os.path.join(folder, 'run.json')):  # what determines it, and the table it was made for
         write_atomically(os.path.join(folder, 'run.json'), lambda tmp: write_text(tmp, json.dumps(
-            {'key': run_key(lab, run), 'trained_for': lab.table_name or EVERY_RULE, 'budget': lab.budget})))
+            {'key': run_key(lab, run), 'trained_for': lab.table_name or EVERY_RULE, 'budget': lab.budget,
+             **code_of(lab, run)})))
     log, t0 = os.path.join(folder, 'train.log'), time.time()
     script, args = training_command(lab, run, folder)
     try:
@@ -678,11 +727,12 @@ def read_json(path):
 
 def cell_run(lab, run):
     """One run's result, from its cell.json when it has one (never trained again), else trained and scored now."""
-    folder = run_dir(lab, run)
+    folder, old = run_dir(lab, run), stale(lab, run)
     path = os.path.join(cell_dir(lab, run), 'cell.json')
+    if old and not lab.reuse_stale and os.path.exists(path):  # scored from a run trained by other code: kept aside
+        set_aside(cell_dir(lab, run), read_json(os.path.join(folder, 'run.json')))
     if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
+        return {**read_json(path), **({'stale': old} if old else {})}
     if not lab.train_missing:
         return {'not_run': 'not run yet: pass --train_missing=True'}
     failed = train_run(lab, run)
@@ -694,7 +744,8 @@ def cell_run(lab, run):
         return scored
     trained, made = (read_json(os.path.join(folder, name)) for name in ('trained.json', 'run.json'))
     rate, unit = training_rate(folder)
-    result = {**scored, 'train_wall_s': trained['wall_s'], 'score_wall_s': time.time() - t0, 'rate': rate,
+    old = stale(lab, run)  # reused as asked (reuse_stale): its cell says so
+    result = {**scored, **({'stale': old} if old else {}), 'train_wall_s': trained['wall_s'], 'score_wall_s': time.time() - t0, 'rate': rate,
               'rate_unit': unit, 'args': shlex.join(trained['args']), 'run': os.path.relpath(folder, lab.out_root),
               'trained_for': made['trained_for']}
     write_atomically(path, lambda tmp: write_text(tmp, json.dumps(result)))
@@ -1024,8 +1075,12 @@ def reused_line(lab, cells, row_names, system):
     reused = [f"{row} ({', '.join(sorted({r['trained_for'] for r in cells[row][system]['seeds'].values()}))})"
               for row in row_names if any(r.get('trained_for', mine) != mine
                                           for r in cells[row][system]['seeds'].values())]
-    return ['', f"Trained once for another table and reused here (its folder: table.json's `run`): "
-                f"{', '.join(reused)}."] if reused else []
+    lines = ['', f"Trained once for another table and reused here (its folder: table.json's `run`): "
+                 f"{', '.join(reused)}."] if reused else []
+    stale_runs = [f"{row} ({r['stale']})" for row in row_names for r in cells[row][system]['seeds'].values()
+                  if r.get('stale')]
+    return lines + (['', f"Trained by other code and reused as asked (--reuse_stale=True): "
+                         f"{', '.join(stale_runs)}."] if stale_runs else [])
 
 
 def every_row(lab, system):
@@ -1061,10 +1116,7 @@ def markdown(lab, head, cells, figures=None):
 def header(lab):
     """What table.md and table.json say above the table: the budget, machine, torch, date and commit."""
     import torch
-    git = lambda *a: subprocess.run(['git', *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    commit = git('rev-parse', '--short', 'HEAD') or 'unknown (not a git checkout)'
-    if git('status', '--porcelain', '--untracked-files=no'):
-        commit += ' with uncommitted changes'
+    commit = commit_text()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'
     return {'budget': lab.budget, 'machine': f"{platform.machine()}, {os.cpu_count()} cores, {device}",
             'torch': torch.__version__, 'date': datetime.date.today().isoformat(), 'commit': commit,
@@ -1192,11 +1244,15 @@ def needed_runs(lab, todo):
     return runs
 
 
-def run_state(folder):
-    """'done' (trained, for this table or another), 'started' (a checkpoint to go on from) or 'to train'."""
+def run_state(lab, run, folder):
+    """'done' (trained, for this table or another), 'started' (a checkpoint to go on from) or 'to train'; a run
+    the code no longer trains alike is said so, and what the real run does with it."""
+    old = stale(lab, run)
+    if old and not lab.reuse_stale:
+        return f"to train ({old}: the kept run set aside, or --reuse_stale=True)"
     if os.path.exists(os.path.join(folder, 'trained.json')):
         made = read_json(os.path.join(folder, 'run.json'))
-        return f"done (for {made['trained_for']})"
+        return f"done (for {made['trained_for']}{'; ' + old + ', reused' if old else ''})"
     return 'started' if os.path.exists(os.path.join(folder, 'ckpt.pt')) else 'to train'
 
 
@@ -1211,7 +1267,7 @@ def print_cost(lab):
           f"dense bf16) at MFU {lab.mfu}; training only (scoring left out); nothing is trained")
     for folder, run in needed_runs(lab, todo).items():
         script, args = run_command(lab, run)
-        state = run_state(folder)
+        state = run_state(lab, run, folder)
         states.append(state)
         name = os.path.relpath(folder, lab.out_root)
         if script != 'train.py':  # a swapped row: k-means on one batch of the trained run, no training

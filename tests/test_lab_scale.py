@@ -185,3 +185,26 @@ def test_a_world_that_cannot_share_a_step_is_refused_before_any_job_and_a_jobs_c
                          tmp_path / 'jobs')
     sbatch = ex._make_submission_file_text('python -u -m submitit.core._submit JOBS', 'uid').splitlines()
     assert '#SBATCH --cpus-per-task=12' in sbatch and '#SBATCH --mem=200G' in sbatch, sbatch
+
+
+def test_a_run_the_code_no_longer_trains_alike_is_flagged_and_trained_again_unless_reused(tmp_path):
+    """run.json keeps the commit and a hash of the code that trains a run: a kept run of other code is flagged in
+    the dry run, reused only with --reuse_stale=True (its table says so), else set aside (kept) and trained again."""
+    common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax', f'--out_root={tmp_path}']
+    run_script(*common)
+    folder, = (tmp_path / 'runs' / 'recall').iterdir()
+    made = json.loads((folder / 'run.json').read_text())
+    assert len(made['code']) == 12 and made['commit']
+    (folder / 'run.json').write_text(json.dumps({**made, 'code': 'older', 'commit': 'abc1234'}))  # another code's
+    dry = run_script(*common, '--dry_run=True')
+    assert (f"[to train (trained at abc1234, the code now {made['commit']}: the kept run set aside, or "
+            f"--reuse_stale=True)] runs/recall/{folder.name}") in dry
+    reused = run_script(*common, '--reuse_stale=True')
+    assert launches(tmp_path) == 1, reused
+    assert (f"Trained by other code and reused as asked (--reuse_stale=True): softmax (trained at abc1234, the code "
+            f"now {made['commit']}).") in (tmp_path / 'table.md').read_text()
+    run_script(*common)
+    aside = folder.parent / f'{folder.name}-code-older'
+    assert (aside / 'ckpt.pt').exists() and (folder / 'trained.json').exists() and launches(tmp_path) == 2
+    assert json.loads((folder / 'run.json').read_text())['code'] == made['code']
+    assert 'Trained by other code' not in (tmp_path / 'table.md').read_text()
