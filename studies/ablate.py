@@ -981,7 +981,8 @@ def told_apart(system, row_names, cells, metric):
 def head_line(head):
     """The line above either table: budget, machine, torch, date, commit, seeds and recipe."""
     return (f"machine {head['machine']}; torch {head['torch']}; date {head['date']}; commit {head['commit']}; seeds "
-            f"{head['seeds']}" + (f"; recipe `{head['recipe']}`" if head['recipe'] else '') + '.')
+            f"{head['seeds']}" + (f"; recipe `{head['recipe']}`" if head['recipe'] else '') +
+            (f"; data {head['data']}" if head.get('data') else '') + '.')
 
 
 def table_markdown(lab, head, cells, figures=None):
@@ -1120,8 +1121,22 @@ def header(lab):
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'
     return {'budget': lab.budget, 'machine': f"{platform.machine()}, {os.cpu_count()} cores, {device}",
             'torch': torch.__version__, 'date': datetime.date.today().isoformat(), 'commit': commit,
-            'seeds': ','.join(map(str, lab.seeds)), 'recipe': lab.recipe,
+            'seeds': ','.join(map(str, lab.seeds)), 'recipe': lab.recipe, 'data': sources_text(lab),
             **({'table': lab.table_name} if lab.table else {})}
+
+
+def sources_text(lab):
+    """The local data a table's systems trained on in place of their own ('' where none): each source and the
+    systems that read it, the system's dataset named (at the paper budget, the paper's)."""
+    from studies.cost import train_settings
+    said, todo = [], planned_cells(lab)[1]
+    for key, path in lab.sources.items():
+        readers = [s for s in lab.systems if at(SYSTEMS[s].data, lab.budget) == key]
+        runs = [run_command(lab, run, out_dir=None) for run in todo if run.system in readers]
+        if path and runs:
+            datasets = sorted({train_settings(args)['dataset'] for script, args in runs if script == 'train.py'})
+            said.append(f"--{key}={path} ({', '.join(readers)}: in place of {', '.join(datasets)})")
+    return '; '.join(said)
 
 
 def plots(lab, cells):
@@ -1256,39 +1271,69 @@ def run_state(lab, run, folder):
     return 'started' if os.path.exists(os.path.join(folder, 'ckpt.pt')) else 'to train'
 
 
-def print_cost(lab):
+def every_table(lab):
+    """The Lab of each paper's table and of the every-rule table, at lab's budget and settings (a dry run without
+    --table, --systems or --rows prices them all at once)."""
+    settings, given = lab.command
+    labs = [check_or_exit(lab_settings, {**settings, 'table': name}, given) for name in TABLES]
+    for each in labs:
+        check_or_exit(check_processes_share_each_step, each)
+    return labs + [lab]
+
+
+def print_cost(labs):
     """Print every run's command, parameters, tokens, training FLOPs and GPU-hours (studies/cost.py), whether it is
-    trained, and the table's sums. Nothing is trained, no data prepared, no folder made."""
-    from studies.cost import gpu_hours, run_cost
-    _, todo = planned_cells(lab)
-    shapes, total, left, states = {}, 0.0, 0.0, []
-    print(f"dry run: {'table ' + lab.table_name if lab.table else 'every rule'}, budget {lab.budget}, seeds "
-          f"{','.join(map(str, lab.seeds))}; GPU-hours of one {lab.gpu} ({PEAK_FLOPS[lab.gpu] / 1e12:.0f} TFLOP/s "
-          f"dense bf16) at MFU {lab.mfu}; training only (scoring left out); nothing is trained")
-    for folder, run in needed_runs(lab, todo).items():
-        script, args = run_command(lab, run)
-        state = run_state(lab, run, folder)
-        states.append(state)
-        name = os.path.relpath(folder, lab.out_root)
-        if script != 'train.py':  # a swapped row: k-means on one batch of the trained run, no training
-            print(f"[{state}] {name}: swapped into {os.path.relpath(run_dir(lab, first_run(lab, run)), lab.out_root)}"
-                  f", no training\n    python {shlex.join([script, *args])}")
-            continue
-        spread, note = spread_batch(lab, args)
-        args = args + spread  # what its processes run: the step's samples unchanged
-        base = base_run(lab, run)
-        cost = run_cost(args, shapes.get(run_dir(lab, base)) if base else None)
-        shapes[folder] = cost['model_args']
-        total += cost['flops']
-        left += 0 if state.startswith('done') else cost['flops']
-        print(f"[{state}] {name}: {count_text(cost['params'])} parameters, {count_text(cost['tokens'])} tokens (T "
-              f"{cost['T']}), {cost['flops']:.3g} FLOPs, {gpu_hours(cost['flops'], lab.gpu, lab.mfu):,.1f} GPU-hours"
-              f"{'; ' + note if note else ''}\n    python {shlex.join([script, *args])}")
-    done = sum(s.startswith('done') for s in states)
+    trained, and the sums: of one table, or of several (each run once, under the first table that needs it, and each
+    table's own sum, the runs it shares with a table above counted there). Nothing is trained, no data prepared, no
+    folder made."""
+    from studies.cost import gpu_hours
+    lab = labs[0]
+    hours = lambda flops: f"{gpu_hours(flops, lab.gpu, lab.mfu):,.1f} GPU-hours"
+    names = ', '.join(f"{x.table_name or 'every rule'} (seeds {','.join(map(str, x.seeds))})" for x in labs)
+    print(f"dry run: {'table ' + names if len(labs) == 1 and lab.table else names}, budget {lab.budget}; GPU-hours of "
+          f"one {lab.gpu} ({PEAK_FLOPS[lab.gpu] / 1e12:.0f} TFLOP/s dense bf16) at MFU {lab.mfu}; training only "
+          f"(scoring left out); nothing is trained" + (f"; data {sources_text(lab)}" if sources_text(lab) else ''))
+    shapes, flops_of, states, sums = {}, {}, {}, []
+    for lab in labs:
+        runs = needed_runs(lab, planned_cells(lab)[1])
+        for folder, run in runs.items():
+            if folder not in states:  # a run two tables share: once
+                states[folder] = run_state(lab, run, folder)
+                flops_of[folder] = print_run(lab, run, folder, states[folder], shapes)
+        table_flops = sum(flops_of[f] for f in runs)
+        sums.append(f"{lab.table_name or 'every rule'}: {len(runs)} runs, {table_flops:.3g} FLOPs, "
+                    f"{hours(table_flops)}")
+    total = sum(flops_of.values())
+    left = sum(flops_of[f] for f, state in states.items() if not state.startswith('done'))
+    done = sum(state.startswith('done') for state in states.values())
+    if len(labs) > 1:  # each table alone (a run it shares counted in each), then the papers' together
+        print('\n'.join(f"table {line}" for line in sums))
+        papers = {f for x in labs if x.table for f in needed_runs(x, planned_cells(x)[1])}
+        print(f"the papers' tables together: {len(papers)} runs, {sum(flops_of[f] for f in papers):.3g} FLOPs, "
+              f"{hours(sum(flops_of[f] for f in papers))}")
     print(f"total: {len(states)} runs ({len(states) - done} to train, {done} done), {total:.3g} FLOPs, "
-          f"{gpu_hours(total, lab.gpu, lab.mfu):,.1f} GPU-hours; to train: {left:.3g} FLOPs, "
-          f"{gpu_hours(left, lab.gpu, lab.mfu):,.1f} GPU-hours ({gpu_hours(left, lab.gpu, lab.mfu) / 8:,.1f} hours "
-          f"on 8 GPUs)")
+          f"{hours(total)}; to train: {left:.3g} FLOPs, {hours(left)} ({gpu_hours(left, lab.gpu, lab.mfu) / 8:,.1f} "
+          f"hours on 8 GPUs)")
+
+
+def print_run(lab, run, folder, state, shapes):
+    """Print one run's line of the dry run and its command; its training FLOPs (0 for a swapped row)."""
+    from studies.cost import gpu_hours, run_cost
+    script, args = run_command(lab, run)
+    name = os.path.relpath(folder, lab.out_root)
+    if script != 'train.py':  # a swapped row: k-means on one batch of the trained run, no training
+        print(f"[{state}] {name}: swapped into {os.path.relpath(run_dir(lab, first_run(lab, run)), lab.out_root)}"
+              f", no training\n    python {shlex.join([script, *args])}")
+        return 0.0
+    spread, note = spread_batch(lab, args)
+    args = args + spread  # what its processes run: the step's samples unchanged
+    base = base_run(lab, run)
+    cost = run_cost(args, shapes.get(run_dir(lab, base)) if base else None)
+    shapes[folder] = cost['model_args']
+    print(f"[{state}] {name}: {count_text(cost['params'])} parameters, {count_text(cost['tokens'])} tokens (T "
+          f"{cost['T']}), {cost['flops']:.3g} FLOPs, {gpu_hours(cost['flops'], lab.gpu, lab.mfu):,.1f} GPU-hours"
+          f"{'; ' + note if note else ''}\n    python {shlex.join([script, *args])}")
+    return cost['flops']
 
 
 def check_processes_share_each_step(lab):
@@ -1309,7 +1354,8 @@ def main():
     lab = check_or_exit(lab_settings, script_settings(globals()), overridden)  # before any work
     check_or_exit(check_processes_share_each_step, lab)  # the dry run too: it prices what would run
     if lab.dry_run:
-        return print_cost(lab)
+        return print_cost(every_table(lab) if not lab.table_name and not {'systems', 'rows'} & set(overridden) else
+                          [lab])
     take_folder(lab)
     cells, todo = planned_cells(lab)
     run_cells(lab, cells, todo)

@@ -2,6 +2,7 @@
 a table said before the first step (--dry_run); a cell on every process of a node (--nproc_per_node, torchrun), cells
 side by side (--cells_at_once) and cells as jobs (--launcher, submitit), each giving the serial run's cells."""
 import json
+import re
 
 import pytest
 
@@ -49,6 +50,8 @@ def test_the_dry_run_says_each_runs_cost_and_the_tables_sum_and_trains_nothing(t
                         f"{hours(flops + cluster):,.1f} GPU-hours; to train: {cluster:.3g} FLOPs, "
                         f"{hours(cluster):,.1f} GPU-hours ({hours(cluster) / 8:,.1f} hours on 8 GPUs)")
     assert "python train.py config/shakespeare_char.py --device=cpu" in out
+    assert f"; data --text_source={tmp_path / 'input.txt'} (text: in place of shakespeare_char)" in out.splitlines()[
+        [line.startswith('dry run:') for line in out.splitlines()].index(True)]  # a local source named, not hidden
 
 
 def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
@@ -208,3 +211,15 @@ def test_a_run_the_code_no_longer_trains_alike_is_flagged_and_trained_again_unle
     assert (aside / 'ckpt.pt').exists() and (folder / 'trained.json').exists() and launches(tmp_path) == 2
     assert json.loads((folder / 'run.json').read_text())['code'] == made['code']
     assert 'Trained by other code' not in (tmp_path / 'table.md').read_text()
+
+
+def test_a_dry_run_without_a_table_prices_every_table_each_shared_run_once(tmp_path):
+    out = run_script('studies/ablate.py', '--budget=tiny', '--dry_run=True', '--seeds=5,6', f'--out_root={tmp_path}')
+    from studies.tables import TABLES
+    runs = {m[0]: int(m[1]) for m in re.findall(r"^table (.+): (\d+) runs, ", out, re.M)}
+    assert list(runs) == [*TABLES, 'every rule'] and all(n % 2 == 0 for n in runs.values()), out  # two seeds each
+    together = int(re.search(r"^the papers' tables together: (\d+) runs", out, re.M).group(1))
+    total = int(re.search(r"^total: (\d+) runs", out, re.M).group(1))
+    assert together < sum(runs[name] for name in TABLES)  # the softmax runs attentionx and cluster share: once
+    assert total == len(re.findall(r"^\[to train\] ", out, re.M)) < together + runs['every rule']
+    assert "attentionx (seeds 5,6)" in out and not tmp_path.joinpath('runs').exists()
