@@ -59,14 +59,20 @@ nothing else on it meanwhile.
 The cost before the first step, and a node's GPUs:
 $ python studies/ablate.py --table=cluster --budget=paper --dry_run=True   # each run's command, parameters, tokens,
                        # FLOPs and GPU-hours (studies/cost.py; --gpu=H100 --mfu=0.4), the runs done, the table's sum
+$ python studies/ablate.py --budget=paper --dry_run=True   # every table at once: each table's sum, each run once
 $ python studies/ablate.py --table=tda --budget=paper --nproc_per_node=8   # each run on 8 GPUs (torchrun, DDP)
 $ python studies/ablate.py --table=krause_vision --budget=paper --cells_at_once=8  # 8 runs at once, a GPU each
---nproc_per_node must divide each run's gradient_accumulation_steps (DDP shares a step's micro-batches out), and
-cells_at_once × nproc_per_node GPUs must be there; scoring runs on one process (the first GPU of its cell's).
+A run's processes share each of its steps: where they do not divide its gradient_accumulation_steps, each micro-batch
+is cut and the micro-steps multiplied, the samples of a step the recipe's (the dry run says so); a count of processes
+that cannot share it is refused before anything runs, the dry run too. cells_at_once × nproc_per_node GPUs must be
+there; scoring runs on one process (the first GPU of its cell's).
 $ python studies/ablate.py --table=tda --budget=paper --launcher=slurm --nodes=2 --gpus_per_node=8 --partition=P
-Each run one SLURM job (studies/launch.py, submitit), nodes × gpus_per_node processes under torchrun's rendezvous; a
-job preempted or out of time goes on from its checkpoint; the table is written when the last job lands
-(--launcher=submitit_local: the jobs on this machine).
+Each run one SLURM job (studies/launch.py, submitit), nodes × gpus_per_node processes under torchrun's rendezvous
+(--cpus_per_task, 8 a GPU by default; --mem_gb); a job preempted or out of time goes on from its checkpoint; the
+table is written when the last job lands (--launcher=submitit_local: the jobs on this machine).
+Each run.json keeps the commit and a hash of the code that trains the run: a kept run of other code is flagged (dry
+run, table.md), set aside (kept, renamed) and trained again, or reused with --reuse_stale=True, its table saying so.
+A local source (--text_source, ...) is named in the dry run and table.md's header, with the dataset it stands for.
 """
 import collections
 import datetime
