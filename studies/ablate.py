@@ -1051,7 +1051,8 @@ def markdown(lab, head, cells, figures=None):
 
 
 def header(lab):
-    """What table.md and table.json say above the table: the budget, machine, torch, date and commit."""
+    """What table.md and table.json say above the table: the budget, machine, torch, date and commit; a paper's
+    table's departures from the paper's setup (its Table's `departs`)."""
     import torch
     git = lambda *a: subprocess.run(['git', *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     commit = git('rev-parse', '--short', 'HEAD') or 'unknown (not a git checkout)'
@@ -1061,7 +1062,7 @@ def header(lab):
     return {'budget': lab.budget, 'machine': f"{platform.machine()}, {os.cpu_count()} cores, {device}",
             'torch': torch.__version__, 'date': datetime.date.today().isoformat(), 'commit': commit,
             'seeds': ','.join(map(str, lab.seeds)), 'recipe': lab.recipe,
-            **({'table': lab.table_name} if lab.table else {})}
+            **({'table': lab.table_name, 'departs': lab.table.departs} if lab.table else {})}
 
 
 def plots(lab, cells):

@@ -24,6 +24,7 @@ import torch
 
 from conftest import ROOT, SHARED, checkout_files, needs_shared, readme_rule_source, run_forked, run_script
 from model import GPT, GPTConfig
+from studies.tables import TABLES
 
 TINY = ['--budget=tiny', '--systems=recall,passkey', '--rows=softmax,krause']
 
@@ -163,6 +164,9 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
     assert softmax['sparsity'] == 0.0 and 0.0 <= tda['sparsity'] <= 1.0  # analyze.py's, on the same val batch
     assert softmax['sink_ratio'] > 0 and tda['sink_ratio'] >= 0
     text = (lab / 'tda' / 'table.md').read_text()
+    departs = TABLES['tda'].departs  # where the paper budget departs from the paper: above the table, in its record
+    assert f"Against the paper (at the paper budget): {departs}." in text and "176M" in departs
+    assert json.loads((lab / 'tda' / 'table.json').read_text())['departs'] == departs
     assert "Every row: `config/shakespeare_char.py" in text and "--pos_emb=rope`, then its own arguments." in text
     assert f"| tda | `--attention=tda --tda_beta=0.5` | {tda['val_loss']:.4f} | {tda['sparsity']:.3f} |" in text
     assert "**text**, val loss (lower is better), against softmax, paired by seed: one seed, no interval: tda." in text
