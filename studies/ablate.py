@@ -27,8 +27,8 @@ counted on the path that ran and the rule's ideal (support/flops.py), and compar
 first row seed by seed (studies/verdicts.py: the mean of the paired differences and its 95% Student's t interval; `*`
 where it excludes 0, one seed marks nothing); a line under each system's table says which rows it tells apart, which
 way, and for the others the smallest difference their seeds could have shown. Then the paper's claims
-(studies/claims.py), each with the paper's numbers, ours and a verdict: holds, contradicted, or not told apart at
-this budget. Figures beside table.md (matplotlib): each seed as a point with the paired intervals, and every row's
+(studies/claims.py), each with the paper's numbers, ours and a verdict: holds, contradicted, not told apart, or
+untestable here. Figures beside table.md (matplotlib): each seed as a point with the paired intervals, and every row's
 training curves from its runs' log.jsonl. --rows=ROW runs ROW beside the table's first row, the first row's runs
 reused where they are trained. One command per table (the cpu budget, the default; --budget=tiny or paper for the
 others):
@@ -103,7 +103,7 @@ from studies.figures import curves_figure, pyplot, read_log, values_figure
 from studies.launch import SLURM_KEYS, check_launcher, job_results, slurm_job, torchrun_args
 from studies.systems import BUDGETS, SYSTEMS, Metric, at
 from studies.tables import ANALYSIS, ROWS, TABLES, Table
-from studies.verdicts import paired, verdict
+from studies.verdicts import against_threshold, paired, verdict
 from support.rundir import RunDir
 from support.runtime import PEAK_FLOPS
 from support.checks import check_distinct, check_int_list, check_or_exit, script_settings
@@ -648,7 +648,7 @@ def task_metrics(lab, folder, names, log):
                                     f'--device={score_device(lab.budget)}', *shlex.split(lab.harness_args)], log)
     with open(os.path.join(folder, 'harness.json')) as f:
         results = json.load(f)['results']
-    return {f'task_{name}': task_score(results[name]) for name in names}
+    return {f'task_{name}': task_score(results[name], name) for name in names}
 
 
 def score_device(budget):
@@ -667,11 +667,17 @@ def tasks_of(lab, system):
 
 
 TASK_METRICS = ('rouge_geometric_mean', 'f1', 'acc_norm', 'acc', 'bits_per_byte')  # the first a task reports
+PAPER_METRIC = {  # a task whose paper reports another of the numbers the harness gives than TASK_METRICS' first
+    'cb': 'acc',  # the Krause paper's CB numbers, 60.71 → 64.29, are accuracy (its F1, 47.81 → 48.04, beside them)
+}
 
 
-def task_score(result):
-    """A task's number in a table: the first of TASK_METRICS its harness result has (SCROLLS' ROUGE geometric mean
-    or F1; acc_norm where the harness normalises by length, as the papers report HellaSwag, ARC, PIQA; else acc)."""
+def task_score(result, task=''):
+    """A task's number in a table: the metric its paper reports, PAPER_METRIC's where it names one, else the first
+    of TASK_METRICS its harness result has (SCROLLS' ROUGE geometric mean or F1; acc_norm where the harness
+    normalises by length, as the papers report HellaSwag, ARC, PIQA; else acc)."""
+    if task in PAPER_METRIC:
+        return result[f'{PAPER_METRIC[task]},none']
     return next(result[f'{name},none'] for name in TASK_METRICS if f'{name},none' in result)
 
 
@@ -1020,20 +1026,43 @@ def table_markdown(lab, head, cells, figures=None):
     return '\n'.join(lines + claims_markdown(lab, claim_results(lab, cells))) + '\n'
 
 
+def threshold_compared(cell, threshold, key):
+    """verdicts.against_threshold of a cell's values of metric `key`; None where it has none."""
+    values = seed_values(cell, key)
+    return None if values is None else against_threshold(values, threshold)
+
+
+def premise_absent(premise, cell, metric):
+    """Why a claim's premise (studies/claims.py) is not shown by `cell`, its row's, on the claim's metric; '' where
+    it is, or where one seed can say neither (the claim's own verdict is then 'one seed')."""
+    shown = threshold_compared(cell, premise.threshold, metric.key)
+    if shown is not None and verdict(premise.way, shown) in ('holds', 'one seed'):
+        return ''
+    values = values_of(cell, metric.key)
+    return (f"it presumes {premise.says}, and this table does not show it: {premise.row}'s {metric.label} "
+            f"{measured_text(values, metric.digits)}" + ('' if shown is None else
+            f", {premise.row} − {premise.threshold:g}: {difference_text(shown, metric.digits)}"))
+
+
 def claim_results(lab, cells):
     """The table's claims (studies/claims.py) on the systems, metrics and rows it ran, each with its paired
-    comparison and verdict, as table.json keeps them."""
+    comparison (against the other row, or against its threshold) and verdict, as table.json keeps them."""
     results = []
     for claim in CLAIMS.get(lab.table_name, ()):
         system = claim.system
-        if system not in lab.systems or not {claim.row, claim.against} <= set(lab.rows_of[system]):
+        named = {claim.row, claim.against, claim.premise.row if claim.premise else ''} - {''}
+        if system not in lab.systems or not named <= set(lab.rows_of[system]):
             continue
         metric = next((m for m in metrics_of(lab, system) if m.key == claim.metric), None)
         if metric is None:
             continue
-        ours = compared(cells[claim.row][system], cells[claim.against][system], claim.metric)
+        cell = cells[claim.row][system]
+        ours = (threshold_compared(cell, claim.threshold, claim.metric) if claim.threshold is not None else
+                compared(cell, cells[claim.against][system], claim.metric))
+        why = premise_absent(claim.premise, cells[claim.premise.row][system], metric) if claim.premise else ''
+        said = 'no number' if ours is None else 'untestable here' if why else verdict(claim.way, ours)
         results.append({**asdict(claim), 'label': metric.label, 'digits': metric.digits, 'ours': ours,
-                        'verdict': 'no number' if ours is None else verdict(claim.way, ours)})
+                        'verdict': said, 'why': why})
     return results
 
 
@@ -1051,6 +1080,8 @@ def verdict_text(result):
     ours = result['ours']
     if result['verdict'] == 'not told apart':
         return f"not told apart at this budget (±{ours['half_width']:.{result['digits']}f})"
+    if result['verdict'] == 'untestable here':
+        return f"untestable here: {result['why']}"
     return result['verdict']
 
 
@@ -1063,13 +1094,17 @@ def claims_markdown(lab, results):
              "than the paper's: a verdict says whether this table's difference has the claimed direction, not that "
              "the paper's numbers hold")
     lines = ['', "### The paper's claims", '', f"{scale}. Ours: the paired difference (row − compared) and its 95% "
-             "interval, from the tables above. Holds: the interval on the claimed side of 0 (for a claim that a "
-             "row matches or beats another: on its good side); contradicted: on the other side; not told apart: "
-             "the interval holds 0, with the smallest difference these seeds could have shown.", '',
+             "interval, from the tables above; for a claim of a bound (at least 99%), each seed's value less the "
+             "bound. Holds: the interval on the claimed side of 0 (for a claim that a row matches or beats another: "
+             "on its good side); contradicted: on the other side (for a claim that two rows are comparable: on "
+             "either side); not told apart: the interval holds 0, with the smallest difference these seeds could "
+             "have shown; untestable here: what the claim presumes (a sink to be free of) this table does not "
+             "show.", '',
              '| claim | system: metric | compared | the paper | ours | verdict |', '| --- | --- | --- | --- | --- | --- |']
     for r in results:
         note = f" *({r['note']})*" if r['note'] else ''
-        lines.append(f"| {r['says']}{note} | {r['system']}: {r['label']} | {r['row']} − {r['against']}: "
+        against = r['against'] or f"{r['threshold']:g} (the claim's bound)"
+        lines.append(f"| {r['says']}{note} | {r['system']}: {r['label']} | {r['row']} − {against}: "
                      f"{r['way'].replace('_', ' ')} | {paper_text(r)} | {difference_text(r['ours'], r['digits'])} | "
                      f"{verdict_text(r)} |")
     return lines
@@ -1121,14 +1156,15 @@ def markdown(lab, head, cells, figures=None):
 
 
 def header(lab):
-    """What table.md and table.json say above the table: the budget, machine, torch, date and commit."""
+    """What table.md and table.json say above the table: the budget, machine, torch, date and commit; a paper's
+    table's departures from the paper's setup (its Table's `departs`)."""
     import torch
     commit = commit_text()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'
     return {'budget': lab.budget, 'machine': f"{platform.machine()}, {os.cpu_count()} cores, {device}",
             'torch': torch.__version__, 'date': datetime.date.today().isoformat(), 'commit': commit,
             'seeds': ','.join(map(str, lab.seeds)), 'recipe': lab.recipe, 'data': sources_text(lab),
-            **({'table': lab.table_name} if lab.table else {})}
+            **({'table': lab.table_name, 'departs': lab.table.departs} if lab.table else {})}
 
 
 def sources_text(lab):

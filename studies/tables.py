@@ -75,7 +75,9 @@ ATTENTIONX_VIT = {  # AttentionX's ViT table's rows, on CIFAR-10 and CIFAR-100
 TABLES = {
     'tda': Table(  # Threshold Differential Attention (arXiv 2601.12145), Table 1, and its long-context part
         analysis=('text',),
-        departs="the long system's rows are softmax and TDA; the paper's SCROLLS table also has Entmax and ReLA rows, "
+        departs="the tda row has full-width views, 176M parameters against the paper's GPT-2-162M (the paper does "
+                "not publish the views' width; the tda_matched row, views of half width, has its 162M); the long "
+                "system's rows are softmax and TDA; the paper's SCROLLS table also has Entmax and ReLA rows, "
                 "missing here (the long system is each text row extended, and it extends these two)",
         systems={
             'text': TableSystem(
@@ -104,7 +106,8 @@ TABLES = {
     'krause_lm': Table(  # Krause Synchronization Transformers (arXiv 2602.11534), the language-model table
         departs="the paper's language models have 200M parameters; the paper budget trains the official 100M recipe "
                 "(config/krause_gpt.py: 8 layers × 768, FineWeb-Edu, 19,073 steps of 524,288 tokens, about 10B "
-                "tokens); CBT, one of the paper's six zero-shot tasks, is not in lm-eval and has no column",
+                "tokens); every row has RoPE, where the official recipe (config/krause_gpt.py) has learned "
+                "positions; CBT, one of the paper's six zero-shot tasks, is not in lm-eval and has no column",
         systems={'text': TableSystem(
             shared=ROPE,  # config/krause_gpt.py has learned positions; RoPE for every row here
             # 8 x 768, FineWeb-Edu, biases as the official code; the baselines alone (mix=False, as
@@ -124,10 +127,14 @@ TABLES = {
     'krause_vision': Table(  # Krause Synchronization Transformers, the CIFAR table: top-1, parameters, FLOPs
         departs="the paper's CIFAR rows are ViT-B; the paper budget trains ViT-S (the official KViT-S recipe: 12 "
                 "layers × 384, 6 heads, 65 tokens), whose softmax row is its own baseline: no ViT-B figure is "
-                "this table's",
+                "this table's; the Krause ViT here is pre-norm as the softmax row (the official KViT is post-norm) "
+                "and learns σ per head (the official: per layer)",
         systems={'vit': TableSystem(KRAUSE_VIT, paper='config/softmax_vit.py'),  # the official KViT-S recipe
                  'vit100': TableSystem(KRAUSE_VIT, paper='config/softmax_vit100.py')}),
     'krause_images': Table(  # Krause Synchronization Transformers, the pixel-model table: bits/dim and images/s
+        departs="the linear row (the paper's LARM) has the Krause ARM's shape and recipe, 16 layers × 512, where "
+                "the LARM of Katharopoulos et al. is 16 × 256 (config/linear_arm_cifar10.py); every row trains on "
+                "64 images a step, this project's choice (the paper gives no batch)",
         systems={'pixels': TableSystem(
             paper='config/arm_cifar10_softmax.py',  # 16 x 512; 64 images a step is ours (no batch in the paper)
             rows={
@@ -137,8 +144,8 @@ TABLES = {
             })}),
     'krause_llm': Table(  # Krause Synchronization Transformers, the fine-tune: a base with LoRA, and with the shortcut
         departs="the paper fine-tunes Llama-3-8B on Flan-v2; the paper budget fine-tunes GPT-2 124M on Tiny "
-                "Shakespeare; the zero-shot tasks are the paper's lm-eval has (CB's number is its F1, the paper's "
-                "Acc/F1); IFEval, the paper's generation task, has no column",
+                "Shakespeare; the zero-shot tasks are the paper's lm-eval has (CB's number is its accuracy, the "
+                "first of the paper's Acc/F1); IFEval, the paper's generation task, has no column",
         systems={'shortcut': TableSystem(  # shared: none, the base's shape and positions (a fine-tune keeps them)
             paper='config/finetune_shakespeare_lora.py',  # GPT-2 124M on Tiny Shakespeare (ours: 20 steps, lr 1e-3)
             tasks='boolq,cb,piqa,mnli,anli_r1,anli_r2,anli_r3',  # zero-shot, as the paper (lm-eval's names)
@@ -149,7 +156,9 @@ TABLES = {
     'attentionx': Table(  # AttentionX (arXiv 2409.04275): its nanoGPT, and its ViT on an LSA ViT
         departs="the paper trains its nanoGPT on \"a small subset\" of OpenWebText (its size unsaid); the paper "
                 "budget's text system trains nanoGPT's whole recipe, 600,000 steps of 491,520 tokens (about 295B "
-                "tokens); the paper's ViT is vit_small, the recipe here the KViT-S one",
+                "tokens); every text row has RoPE, where nanoGPT has learned positions; the paper's ViT is "
+                "vit_small (6 layers × 512, SPT patches) trained with SET-Adam (lr 1e-4, batch 512, 200 epochs); "
+                "here the KViT-S one, a plain patch embedding, trained with AdamW (lr 3e-4, batch 256, 300 epochs)",
         systems={
             'text': TableSystem(
                 shared=ROPE,  # the paper's nanoGPT: learned positions; RoPE for every row here

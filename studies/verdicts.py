@@ -11,10 +11,13 @@ and its 95% interval, Student's t with n - 1 degrees of freedom,
 A row is told apart from the other where the interval excludes 0. Its half-width is the smallest difference the
 seeds could have told apart (the power said beside every "not told apart"); one seed gives no interval.
 
-A claim (studies/claims.py) says which way a row compares with another on one metric: 'lower' or 'higher', or
-'not_higher' / 'not_lower' (matches or beats). Its verdict: holds where the interval lies on the claimed side of 0
-(for 'not_higher': below it), contradicted where it lies on the other, else not told apart at this budget, with the
-half-width.
+A claim (studies/claims.py) says which way a row compares with another on one metric: 'lower' or 'higher',
+'not_higher' / 'not_lower' (matches or beats), or 'comparable'. Its verdict: holds where the interval lies on the
+claimed side of 0 (for 'not_higher': below it), contradicted where it lies on the other, else not told apart at this
+budget, with the half-width. A comparable pair is contradicted where the interval excludes 0 on either side, else
+not told apart: seeds bound a difference, they never show there is none. A claim of a bound compares the row with a
+number instead (against_threshold: d_s = x_s - threshold, the same interval), and a claim whose premise the table
+does not show (studies/claims.py's Premise) is untestable here.
 """
 import math
 
@@ -65,13 +68,20 @@ def paired(values, against, level=0.95):
             'apart': 1 if low > 0 else -1 if high < 0 else 0}
 
 
+def against_threshold(values, threshold, level=0.95):
+    """paired of a row's values ({seed: value}) against a fixed number: each seed's value − threshold."""
+    return paired(values, dict.fromkeys(values, threshold), level)
+
+
 def verdict(way, comparison):
     """A claim's verdict from its paired comparison (paired): 'holds', 'contradicted', 'not told apart' or 'one
     seed'. way: 'lower' or 'higher' (the row's metric against the other's), 'not_higher' or 'not_lower' (matches or
-    beats)."""
+    beats), 'comparable' (never holds: contradicted where told apart either way)."""
     if comparison['half_width'] is None:
         return 'one seed'
     if not comparison['apart']:
         return 'not told apart'
+    if way == 'comparable':
+        return 'contradicted'
     side = 'lower' if comparison['apart'] < 0 else 'higher'
     return 'holds' if way in (side, f"not_{'higher' if side == 'lower' else 'lower'}") else 'contradicted'

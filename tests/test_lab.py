@@ -5,8 +5,9 @@ that fails holds its error line in its cell while the others go on. A paper's ta
 equal terms (one position encoding and shape, read back from the checkpoints), each cell with its model's own
 parameter count and its attention FLOPs (counted, and the closed form); a row whose paired differences from the first
 row, seed by seed, have a 95% interval that excludes 0 is marked, and each paper's claim gets the verdict its interval
-gives; an unknown table, or a rule it has no row for, is one error line before any run. (Other bad
-input: tests/test_script_errors.py.)"""
+gives, as the paper states it (a bound against the bound, comparable rows never a lead, untestable where the table
+lacks what the claim presumes; a task's number the paper's metric); an unknown table, or a rule it has no row for,
+is one error line before any run. (Other bad input: tests/test_script_errors.py.)"""
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import torch
 
 from conftest import ROOT, SHARED, checkout_files, needs_shared, readme_rule_source, run_forked, run_script
 from model import GPT, GPTConfig
+from studies.tables import TABLES
 
 TINY = ['--budget=tiny', '--systems=recall,passkey', '--rows=softmax,krause']
 
@@ -162,6 +164,9 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
     assert softmax['sparsity'] == 0.0 and 0.0 <= tda['sparsity'] <= 1.0  # analyze.py's, on the same val batch
     assert softmax['sink_ratio'] > 0 and tda['sink_ratio'] >= 0
     text = (lab / 'tda' / 'table.md').read_text()
+    departs = TABLES['tda'].departs  # where the paper budget departs from the paper: above the table, in its record
+    assert f"Against the paper (at the paper budget): {departs}." in text and "176M" in departs
+    assert json.loads((lab / 'tda' / 'table.json').read_text())['departs'] == departs
     assert "Every row: `config/shakespeare_char.py" in text and "--pos_emb=rope`, then its own arguments." in text
     assert f"| tda | `--attention=tda --tda_beta=0.5` | {tda['val_loss']:.4f} | {tda['sparsity']:.3f} |" in text
     assert "**text**, val loss (lower is better), against softmax, paired by seed: one seed, no interval: tda." in text
@@ -300,8 +305,77 @@ def test_every_claim_names_its_tables_system_rows_and_metric(monkeypatch):
             tasks = [t for t in spec.tasks.split(',') if t]  # the paper budget's columns
             keys = [m.key for m in ablate.table_metrics(ablate.TABLES[name], claim.system, tasks)]
             assert claim.metric in keys and claim.way in WAYS, (name, claim)
-            assert claim.row in spec.rows and claim.against in spec.rows and claim.row != claim.against, (name, claim)
+            assert claim.row in spec.rows and claim.row != claim.against, (name, claim)
+            assert (claim.against in spec.rows) == (claim.threshold is None) != (claim.against == ''), (name, claim)
+            assert not claim.premise or (claim.premise.row in spec.rows and claim.premise.way in WAYS), (name, claim)
             assert set(claim.paper) <= {claim.row, claim.against}, (name, claim)
+
+
+def analysed_cells(system='text', **rows):
+    """{row: {system: a cell}} whose seeds, from 1337 on, have the metrics given: row={key: (a value per seed)}."""
+    run = lambda metrics: {'metrics': metrics, 'train_wall_s': 9.0, 'score_wall_s': 1.0, 'rate': 100.0,
+                           'rate_unit': 'tok/s', 'run': 'runs/x/x-s1337'}
+    return {row: {system: {'status': 'ok', 'own': '--attention=x', 'seeds': {
+        str(1337 + i): run({key: values[i] for key, values in metrics.items()})
+        for i in range(len(next(iter(metrics.values()))))}}} for row, metrics in rows.items()}
+
+
+def claims_of(ablate, name, cells, tasks=''):
+    """({(row, against or the threshold, metric): claim_results' result}, the lab) of table `name` on `cells` (one
+    system's), at cpu."""
+    from types import SimpleNamespace
+    system = next(iter(next(iter(cells.values()))))
+    lab = SimpleNamespace(table_name=name, table=ablate.TABLES[name], systems=[system], budget='cpu',
+                          rows_of={system: list(cells)}, tasks=tasks)
+    results = ablate.claim_results(lab, cells)
+    return {(r['row'], r['against'] or r['threshold'], r['metric']): r for r in results}, lab
+
+
+def test_a_claim_of_a_bound_is_tested_against_it_and_one_whose_premise_is_absent_is_untestable(monkeypatch):
+    """TDA's "99% of its weights exactly zero": the row's own zeros against 0.99, not its lead over softmax (which
+    has none); "free of the attention sink softmax has": untestable where softmax's sink ratio is not above 1."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
+    from studies import ablate
+    zeros = {'softmax': (0.0, 0.0, 0.0), 'tda': (0.93, 0.95, 0.94)}  # far above softmax's, below 0.99 in each seed
+    no_sink = {'softmax': (0.50, 0.52, 0.54), 'tda': (0.30, 0.35, 0.33)}  # softmax: half the uniform share
+    cells = analysed_cells(**{row: {'sparsity': zeros[row], 'sink_ratio': no_sink[row]} for row in zeros})
+    results, lab = claims_of(ablate, 'tda', cells)
+    bound, sink = results[('tda', 0.99, 'sparsity')], results[('tda', 'softmax', 'sink_ratio')]
+    assert ablate.compared(cells['tda']['text'], cells['softmax']['text'], 'sparsity')['apart'] == 1  # beats softmax
+    assert bound['ours']['diffs'] == pytest.approx([-0.06, -0.04, -0.05]) and bound['verdict'] == 'contradicted'
+    assert sink['ours']['apart'] == -1 and sink['verdict'] == 'untestable here'  # lower than softmax's, told apart
+    text = '\n'.join(ablate.claims_markdown(lab, list(results.values())))
+    assert "| text: exact zeros | tda − 0.99 (the claim's bound): not lower | tda 0.990 | −0.050 [−0.075, −0.025]* " \
+           "| contradicted |" in text
+    assert "| untestable here: it presumes softmax has a sink: its sink ratio above 1 (token 0 gets more than the " \
+           "uniform share), and this table does not show it: softmax's sink ratio 0.52 ± 0.02, softmax − 1: −0.48 " \
+           "[−0.53, −0.43]* |" in text
+
+    # at 99.6% zeros the bound holds; with a sink in softmax (its ratio about 2), TDA's lower share holds
+    cells = analysed_cells(softmax={'sparsity': (0.0, 0.0, 0.0), 'sink_ratio': (1.8, 2.0, 2.2)},
+                           tda={'sparsity': (0.995, 0.996, 0.997), 'sink_ratio': (0.9, 1.0, 1.1)})
+    results, _ = claims_of(ablate, 'tda', cells)
+    assert results[('tda', 0.99, 'sparsity')]['verdict'] == 'holds'
+    assert results[('tda', 'softmax', 'sink_ratio')]['verdict'] == 'holds'
+    cells['softmax']['text']['seeds']['1337']['metrics']['sink_ratio'] = 0.2  # 0.2, 2.0, 2.2: a sink not shown
+    assert claims_of(ablate, 'tda', cells)[0][('tda', 'softmax', 'sink_ratio')]['verdict'] == 'untestable here'
+
+
+def test_a_task_is_scored_by_the_papers_metric_and_a_comparable_claim_is_never_a_lead(monkeypatch):
+    """CB's number is its accuracy, as the Krause paper's 60.71 → 64.29 (the harness's F1 beside it); the paper
+    calls BoolQ's 80.41 → 80.59 comparable: told apart either way is contradicted, a lead included."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
+    from studies import ablate
+    cb = {'alias': 'cb', 'acc,none': 0.6429, 'acc_stderr,none': 0.06, 'f1,none': 0.4804, 'f1_stderr,none': 'N/A'}
+    assert ablate.task_score(cb, 'cb') == 0.6429
+    assert ablate.task_score({'f1,none': 0.3, 'acc,none': 0.5}, 'qasper_scrolls') == 0.3  # the first of TASK_METRICS
+    assert ablate.task_score({'acc,none': 0.5, 'acc_norm,none': 0.6}, 'piqa') == 0.6
+    boolq = lambda *krause: analysed_cells('shortcut', lora={'task_boolq': (0.80, 0.81, 0.82)},
+                                           krause={'task_boolq': krause})
+    verdict = lambda cells: claims_of(ablate, 'krause_llm', cells, 'boolq')[0][('krause', 'lora', 'task_boolq')]
+    assert verdict(boolq(0.80, 0.812, 0.819))['verdict'] == 'not told apart'  # +0.0003 [−0.0121, +0.0127]
+    lead = verdict(boolq(0.85, 0.86, 0.87))  # +0.05 in each seed: 'higher' would hold
+    assert lead['way'] == 'comparable' and lead['ours']['apart'] == 1 and lead['verdict'] == 'contradicted'
 
 
 def test_an_unknown_table_or_a_rule_it_cannot_run_is_one_error_line_before_any_run(tmp_path):
