@@ -47,7 +47,7 @@ import time
 
 import torch
 
-from rules import AttentionConfig, build_attention
+from rules import AttentionConfig, build_attention, check_keys_read
 from model import GPT, GPTConfig
 from prepare import ROOT
 from support.checks import (check_device, check_distinct, check_dtype, check_fits, check_int_list, check_or_exit,
@@ -137,6 +137,7 @@ def bench_memory(c, cfg):
 
 
 check_or_exit(check_bench_settings, script_settings(globals()))
+check_or_exit(check_keys_read, script_settings(globals()), overridden, typed, attention.split(','))  # none ignored
 note_cpu_recipe('--mode=pace', 'bench.py', PACE_CPU_RECIPE, script_settings(globals()), show=mode == 'pace')
 sys.stdout.reconfigure(line_buffering=True)  # each row appears as it is measured, through a pipe too
 torch.manual_seed(seed)

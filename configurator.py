@@ -23,6 +23,7 @@ _INT64 = 2 ** 63  # a whole number torch and numpy hold: sizes, counts, seeds
 _PATH_KEYS = ('_dir', '_root', '_source', '_path', 'init_from', 'png', 'plots')  # the settings naming files, by name
 _keys = {k: v for k, v in globals().items() if not k.startswith('_') and isinstance(v, _config_types)}
 overridden = set()  # the keys a config file changed or --key=value gave (a fine-tune takes its base's for the rest)
+typed = set()  # of those, the keys --key=value gave (a rule's own key, typed for another rule, is refused)
 # keys renamed since, old -> today's: the "did you mean" of an old key, which is refused, never read as the new one
 # (its meaning may have changed with its name: krause_mix mixed Krause alone)
 _RENAMED = {'cluster_block': 'cluster_chunk', 'krause_mix': 'mix', 'image_tokens': 'subpixels',
@@ -145,4 +146,5 @@ for _arg in __import__('sys').argv[1:]:
                 pass                        # anything else is a plain string
         _val = globals()[_key] = _keys[_key] = _checked(_key, _val, f"--{_key}")
         overridden.add(_key)
+        typed.add(_key)
         print(f"Overriding: {_key} = {_val}")

@@ -127,7 +127,7 @@ run = RunDir(out_dir, master=int(os.environ.get('RANK', 0)) == 0)
 # every setting is checked before any work: a bad value is one `error:` line naming it and the fix
 set_keys = overridden & set(config_keys)  # what config files and --key=value set (configurator.py)
 with one_line_errors():
-    check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)), set_keys=set_keys)
+    check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)), set_keys=set_keys, typed=typed)
 note_cpu_recipe('this config', 'train.py', cpu_recipe, config, show=run.master)  # GPU-sized, on a CPU: one line
 kind = dataset_kind(dataset)  # 'text', 'examples', 'image' (a ViT) or 'pixels' (prepare.DATASETS)
 

@@ -53,4 +53,11 @@ def check_rope_scaling(config):
         what = 'learned absolute positions' if config.pos_emb == 'learned' else 'no positions'
         raise ValueError(f"rope_scaling={config.rope_scaling!r} scales RoPE's frequencies, but pos_emb="
                          f"{config.pos_emb!r}: {what} cannot be scaled; pass --pos_emb=rope, or --rope_scaling=none")
+    if config.pos_emb != 'rope' and (config.rope_base, config.rope_factor) != (10000.0, 1.0):
+        key = 'rope_base' if config.rope_base != 10000.0 else 'rope_factor'
+        raise ValueError(f"{key}={getattr(config, key)} is read only with RoPE, and pos_emb={config.pos_emb!r}; pass "
+                         f"--pos_emb=rope, or drop --{key}")
+    if config.rope_factor != 1.0 and config.rope_scaling == 'none':
+        raise ValueError(f"rope_factor={config.rope_factor} is read only where RoPE is scaled, and rope_scaling='none'; "
+                         f"pass --rope_scaling=ntk (or linear), or drop --rope_factor")
 

@@ -73,16 +73,26 @@ def check_attention_name(name):
         raise ValueError(f"unknown attention '{name}'; valid: {', '.join(sorted(ATTENTION))}")
 
 
-def check_keys_read(config, set_keys=()):
-    """ValueError naming a key some rules read beyond their own (softmax's window, the query tiles' tile_weights)
-    that config (train.py's keys and values) sets, away from its default, for a rule that ignores it: accepted, it
-    would change nothing the user meant. A mix reads its softmax branch's keys too."""
+def keys_read(attention, mix=False):
+    """The keys beyond the frame's a layer of `attention` reads: its Config's and its `reads` (with mix: and those of
+    its softmax branch). The one table of who reads what is these declarations."""
+    rules = [ATTENTION[attention]] + ([SoftmaxAttention] if mix else [])
+    return {key for rule in rules for key in (*(rule.Config.__dataclass_fields__ if rule.Config else ()), *rule.reads)}
+
+
+def check_keys_read(config, set_keys=(), typed=(), attentions=None):
+    """ValueError naming a key that no rule of the run reads, set away from its default: a key several rules share
+    (`reads`: softmax's window, the query tiles' tile_weights) set by a config or the command line, or a rule's own
+    key typed on the command line (a recipe's config file may hold another rule's keys: config/krause_gpt.py under
+    --attention=softmax). config: the run's keys and values; attentions: the rules it runs (bench.py: several), else
+    config['attention']. A mix reads its softmax branch's keys too."""
+    attentions = attentions or [config['attention']]
+    reads = set().union(*(keys_read(name, config['mix']) for name in attentions))
     shared = {key for rule in ATTENTION.values() for key in rule.reads}
-    reads = set(ATTENTION[config['attention']].reads) | (set(SoftmaxAttention.reads) if config['mix'] else set())
-    defaults = FrameConfig.__dataclass_fields__ | SoftmaxAttention.Config.__dataclass_fields__
-    for key in sorted(shared - reads):
-        if key in set_keys and config[key] != defaults[key].default:
-            readers = ', '.join(name for name, rule in ATTENTION.items() if key in rule.reads)
+    defaults = AttentionConfig.__dataclass_fields__
+    for key in sorted(set().union(*(keys_read(name) for name in ATTENTION)) - reads):
+        if (key in typed or key in shared and key in set_keys) and config[key] != defaults[key].default:
+            readers = ', '.join(name for name in ATTENTION if key in keys_read(name))
             mix = ", or pass --mix=True (its softmax branch reads it)" if key in SoftmaxAttention.reads else ''
-            raise ValueError(f"{key}={config[key]} is not read by attention={config['attention']}, only by {readers}; "
+            raise ValueError(f"{key}={config[key]} is not read by attention={','.join(attentions)}, only by {readers}; "
                              f"drop --{key}{mix}")

@@ -76,16 +76,21 @@ def check_ranges(c, at_least_one=(), not_negative=(), below_one=()):
             raise ValueError(f"{key}={c[key]} must be at least 0 and below 1; pass --{key}=VALUE in [0, 1)")
 
 
-def check_train_config(config, world_size=1, set_keys=()):
+def check_train_config(config, world_size=1, set_keys=(), typed=()):
     """ValueError naming the first bad setting in `config` (train.py's config keys and their values) for a run of
-    world_size processes; set_keys: those a config file or the command line set. The model's own settings, and every
-    attention layer's, are checked last."""
+    world_size processes; set_keys: those a config file or the command line set, typed: the command line's. The
+    model's own settings, and every attention layer's, are checked last."""
     c = config
     check_attention_name(c['attention'])
     check_dataset_name(c['dataset'])
     kind = dataset_kind(c['dataset'])
     check_model_form(c, kind, set_keys)
-    check_keys_read(c, set_keys)
+    check_keys_read(c, set_keys, typed)
+    lora = [f.name for f in fields(GPTConfig) if f.name.startswith('lora_') and f.name != 'lora_rank' and
+            f.name in set_keys and c[f.name] != f.default]
+    if not c['lora_rank'] and lora:  # read only where LoRA trains
+        raise ValueError(f"{lora[0]}={c[lora[0]]} is read only with LoRA, and lora_rank=0 trains every weight; pass "
+                         f"--lora_rank=R (e.g. 16), or drop --{lora[0]}")
     if not c['out_dir']:
         raise ValueError("out_dir is empty; pass --out_dir=DIR (ckpt.pt and log.jsonl go there)")
     if os.path.exists(c['out_dir']) and not os.path.isdir(c['out_dir']):

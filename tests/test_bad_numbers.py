@@ -78,6 +78,15 @@ FORMS = [
     (['--attention=diff'], '--window=4', 'window', r"window=4 is not read by attention=diff, only by softmax, "
                                                    r"attentionx, topk, gated, ssmax, dex, lsa; drop --window"),
     (['--attention=softmax'], '--tile_weights=4096', 'tile_weights', r"only by tda, topk, entmax, rela"),
+    # a rule's own key typed for another rule; RoPE's without RoPE (or unscaled); LoRA's without LoRA
+    (['--attention=softmax'], '--krause_window=8', 'krause_window', r"krause_window=8 is not read by "
+                                                                    r"attention=softmax, only by krause; drop"),
+    (['--attention=softmax'], '--tda_beta=0.3', 'tda_beta', r"not read by attention=softmax, only by tda"),
+    (['--attention=krause'], '--cluster_m=4', 'cluster_m', r"not read by attention=krause, only by cluster"),
+    ([], '--rope_base=500', 'rope_base', r"rope_base=500.0 is read only with RoPE, and pos_emb='learned'"),
+    ([], '--rope_factor=4', 'rope_factor', r"rope_factor=4.0 is read only with RoPE"),
+    (['--pos_emb=rope'], '--rope_factor=4', 'rope_factor', r"read only where RoPE is scaled, and rope_scaling='none'"),
+    ([], '--lora_alpha=16', 'lora_alpha', r"lora_alpha=16.0 is read only with LoRA, and lora_rank=0"),
 ]
 
 
@@ -139,8 +148,8 @@ def test_lora_alpha_not_a_positive_finite_number_is_refused_by_name(value):
 
 
 def test_a_key_the_model_does_not_read_is_one_line_naming_it(tmp_path):
-    """A ViT's key in a GPT run (causal=False would let it see the future) and a GPT's in a ViT run: refused when
-    set, before any work, saying whose key it is."""
+    """A ViT's key in a GPT run (causal=False would let it see the future) and a GPT's in a ViT run, a rule's key for
+    another rule, RoPE's without RoPE, LoRA's without LoRA: refused when set, before any work, saying who reads it."""
     runs = [{'argv': ['train.py', *base, arg, f'--out_dir={tmp_path / f"out{i}"}',
                       f'--data_dir={tmp_path / f"data{i}"}']} for i, (base, arg, _, _) in enumerate(FORMS)]
     for (_, _, key, pattern), (rc, out) in zip(FORMS, run_forked(*runs)):
@@ -165,3 +174,20 @@ def test_the_form_table_comes_from_the_dataclasses_and_no_shipped_config_is_refu
     for path, (rc, out) in zip(configs, results):
         assert rc == 7, (path.name, out[-2000:])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_refuses_a_key_none_of_its_rules_reads_and_a_config_may_hold_another_rules_keys(tmp_path):
+    """bench.py as train.py: a key no rule of the bench reads is one line; of several rules, one reading it is
+    enough. A recipe's config file may carry another rule's keys (config/krause_gpt.py under --attention=softmax):
+    only a key typed on the command line is refused."""
+    quick = ['--seq_lens=16', '--repeats=1', '--n_layer=1', '--n_embd=16', '--n_head=2', '--batch_size=1']
+    (rc, out), (rc2, out2), (rc3, out3) = run_forked(
+        {'argv': ['bench.py', '--attention=krause', '--window=8', *quick]},
+        {'argv': ['bench.py', '--attention=topk,krause', '--krause_window=8', '--krause_topk=4', *quick]},
+        {'argv': ['train.py', 'config/krause_gpt.py', '--attention=softmax', '--mix=False', '--device=cpu',
+                  f'--out_dir={tmp_path / "out"}', f'--data_dir={tmp_path / "data"}'],
+         'fault': ['', '', 0, "import support.pretrained, support.runtime\ndef stop(*args, **kwargs): os._exit(7)\n"
+                             "support.pretrained.load_base = support.runtime.init_ddp = stop"]})
+    assert_one_error_line(rc, out, 'window', r"window=8 is not read by attention=krause, only by softmax")
+    assert rc2 == 0 and 'krause' in out2, out2[-2000:]
+    assert rc3 == 7, out3[-2000:]  # past every check, stopped at the first work
