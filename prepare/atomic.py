@@ -5,6 +5,7 @@ write_or_exit ends a script's output write in it (a prepared folder's files too:
 sits here, at the floor of the data (it needs nothing but os), so that the prepare scripts and everything above them
 (support.atomic.save_checkpoint, the scripts, the studies) write through one mechanism.
 """
+import errno
 import os
 
 
@@ -41,8 +42,19 @@ def failure_line(path, e):
 def write_or_exit(path, write, kept, todo):
     """write_atomically(path, write) for a script's output; where it fails (a missing folder, no permission, the disk
     full) the temporary file is gone and the script ends in one `error:` line: what failed (failure_line), what was
-    kept (`kept`), what to do (`todo`)."""
+    kept (`kept`), what to do (`todo`; where the folder may not be written, to write elsewhere: permission_todo)."""
     try:
         write_atomically(path, write)
     except (OSError, RuntimeError) as e:
-        raise SystemExit(f"error: {failure_line(path, e)}; {kept}; {todo}") from None
+        raise SystemExit(f"error: {failure_line(path, e)}; {kept}; {permission_todo(path, e) or todo}") from None
+
+
+def permission_todo(path, e):
+    """What to do where `e` says the folder of `path` may not be written (no permission, a read-only file system),
+    else '': space is not what it lacks."""
+    while e is not None and not (isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)):
+        e = e.__cause__ or e.__context__
+    if e is None:
+        return ''
+    return (f"{os.path.dirname(os.path.abspath(path))} may not be written here ({e.strerror}): make it writable, or "
+            f"pass a folder you can write to")

@@ -78,9 +78,14 @@ def prepare_dataset(name, data_dir, source, config, **extra):
     check_dataset_name(name)
     check_source(data_dir, source, 'data_source')
     module, _, args = DATASETS[name]
-    with alone(data_dir):
-        importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None,
-                                                             **(args(config) if args else {}), **extra)
+    try:
+        with alone(data_dir):
+            importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None,
+                                                                 **(args(config) if args else {}), **extra)
+    except (OSError, ValueError) as e:  # the modules name their scripts' flag; train.py's is data_source
+        if str(e).startswith('--source='):
+            raise type(e)('--data_source=' + str(e)[len('--source='):]) from None
+        raise
 
 
 def recorded_dataset(meta, name):

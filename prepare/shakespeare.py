@@ -24,8 +24,8 @@ def prepare(data_dir=DEFAULT_DIR, source=None):
     check_source(data_dir, source, 'source')  # a folder prepared from another text: said, not ignored
     if read_meta(data_dir) is not None:  # a damaged one is a ValueError naming it
         return
+    text = read_text(source)  # a missing source said before the tokenizer is loaded
     enc = gpt2_encoding()
-    text = read_text(source)
     n = int(0.9 * len(text))
     splits = {split: np.array(enc.encode_ordinary(part), dtype=np.uint16)
               for split, part in (('train', text[:n]), ('val', text[n:]))}

@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 
-from prepare.atomic import failure_line, write_atomically, write_text
+from prepare.atomic import failure_line, permission_todo, write_atomically, write_text
 from support.atomic import save_checkpoint
 from support.loading import load_checkpoint
 from support.metrics import MetricsLog
@@ -184,7 +184,7 @@ class RunDir:
 
     def stop_on_failed_write(self, path, e):
         """End the run: the write of `path` failed (failure_line), what is kept, and to free space."""
-        self.stop(failure_line(path, e), "free some space (or raise the file size limit)")
+        self.stop(failure_line(path, e), permission_todo(path, e) or "free some space (or raise the file size limit)")
 
     def close(self):
         """At exit: release the lock, drop a pending log that no checkpoint of this run took up, remove the empty
