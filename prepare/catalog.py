@@ -8,6 +8,7 @@ asked. Below the table: a dataset prepared by name, and a folder checked to hold
 """
 import importlib
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +84,9 @@ def prepare_dataset(name, data_dir, source, config, **extra):
             importlib.import_module(f'prepare.{module}').prepare(data_dir, source=source or None,
                                                                  **(args(config) if args else {}), **extra)
     except (OSError, ValueError) as e:  # the modules name their scripts' flag; train.py's is data_source
-        if str(e).startswith('--source='):
-            raise type(e)('--data_source=' + str(e)[len('--source='):]) from None
+        said = re.sub(r'(?<!\.py )--source=', '--data_source=', str(e))  # a script's own command line kept
+        if said != str(e):
+            raise type(e)(said) from None
         raise
 
 

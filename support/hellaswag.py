@@ -44,14 +44,15 @@ def download(cache_dir=CACHE_DIR):
 def load_rows(source=None, cache_dir=CACHE_DIR, ddp=False):
     """The rows of a local HellaSwag jsonl `source`, or of the downloaded validation set. ddp: every process calls it;
     rank 0 downloads first, the others then read its copy."""
-    gpt2_encoding()  # the tokenizer too, before any work: offline with none cached is one line now
     first = not ddp or dist.get_rank() == 0
     if not first:
         dist.barrier()
     path = Path(source) if source is not None else download(cache_dir)
     if ddp and first:
         dist.barrier()
-    return read_rows(path)
+    rows = read_rows(path)  # a bad local file named before the tokenizer is loaded
+    gpt2_encoding()  # the tokenizer too, before any work: offline with none cached is one line now
+    return rows
 
 
 def read_rows(path, fields=FIELDS, key="hellaswag_source"):

@@ -1,6 +1,7 @@
 """prepare/shakespeare_char.py, prepare/shakespeare.py and prepare/recall.py on local data, every prepare script on a
 bad --source; sample.py on a fresh checkpoint."""
 import json
+import os
 import urllib.request
 
 import numpy as np
@@ -103,3 +104,24 @@ def test_scripts_say_a_bad_source_in_one_line(script, tmp_path):
                      check=False)
     assert log.startswith('error: ') and 'nope' in log and 'Traceback' not in log, log[-2000:]
     assert not (tmp_path / 'out').exists() or not any((tmp_path / 'out').iterdir())  # nothing half-written
+
+
+def test_a_folder_that_may_not_be_written_says_so_not_to_free_space(tmp_path):
+    """A write refused for permission (a read-only data folder or Hub folder) names the folder and says to write
+    elsewhere; a full disk still says to free space. (As root, permissions are not enforced: the error is raised.)"""
+    import errno
+    from prepare.atomic import write_or_exit
+
+    def refused(code):
+        def write(path):
+            raise OSError(code, os.strerror(code), path)
+        return write
+    for code, said in ((errno.EPERM, f"{tmp_path} may not be written here (Operation not permitted): make it "
+                                     f"writable, or pass a folder you can write to"),
+                       (errno.EROFS, "may not be written here (Read-only file system)"),
+                       (errno.ENOSPC, "free some space")):
+        with pytest.raises(SystemExit) as e:
+            write_or_exit(str(tmp_path / 'meta.json'), refused(code), 'nothing is kept', 'free some space')
+        assert str(e.value).startswith(f"error: cannot write {tmp_path / 'meta.json'} (") and said in str(e.value)
+        assert ('free some space' in str(e.value)) == (code == errno.ENOSPC)
+    assert list(tmp_path.iterdir()) == []

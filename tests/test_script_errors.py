@@ -256,15 +256,15 @@ LATE_CASES = [
      r"hub_heads/config.json has n_embd=32, n_head=3: 32 cannot be split into 3 heads; set its n_head to the one the "
      r"weights were trained with, which divides 32 \(1, 2, 4, 8, 16, 32\), or pass another --init_from$"),
     ('train.py', ['--dataset=shakespeare_char', '--data_source={d}/binary.bin', '--data_dir=N/data', '--out_dir=N/out'],
-     r"--source=\S+binary.bin is not UTF-8 text \(byte 0: invalid start byte\); give the path of tiny-shakespeare's"),
+     r"--data_source=\S+binary.bin is not UTF-8 text \(byte 0: invalid start byte\); give the path of tiny-shakespeare's"),
     ('train.py', ['--data_dir={d}/input.txt', '--out_dir=N/out'],
      r"data_dir=\S+input.txt is a file, not a folder; pass --data_dir=DIR of a folder \(made if missing\)"),
     ('train.py', ['--dataset=shakespeare_char', '--data_source={d}/input.txt', '--data_dir={d}/input.txt/chars',
                   '--out_dir=N/out'], r"data_dir=\S+input.txt/chars would be made in \S+input.txt, which is a file"),
     ('prepare/recall.py', ['--data_dir={d}/input.txt'], r"data_dir=\S+input.txt is a file, not a folder"),
     ('train.py', ['--dataset=fineweb_edu', '--data_source={d}/mixed', '--data_dir=N/data', '--out_dir=N/out'],
-     r"--source=\S+mixed mixes formats \(1 .jsonl, 1 .parquet files\), and a folder is read by one loader; pass "
-     r"--source=PATH of one of its files, or of a folder of one format$"),
+     r"--data_source=\S+mixed mixes formats \(1 .jsonl, 1 .parquet files\), and a folder is read by one loader; "
+     r"pass --data_source=PATH of one of its files, or of a folder of one format$"),
     ('prepare/shakespeare_char.py', ['--source={d}/chars', '--data_dir=N/data'],
      r"--source=\S+chars is a folder, not a file; give the path of tiny-shakespeare's input.txt"),
     ('studies/harness.py', ['--out_dir=B', '--device=cpu', '--tasks=hellaswag_nanogpt',
