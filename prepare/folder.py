@@ -70,6 +70,29 @@ def alone(data_dir):
                 os.rmdir(data_dir)
 
 
+def hold_for_reading(data_dir):
+    """A shared lock on data_dir's meta.json (a read-only folder's too; no file added), held while the returned file
+    is open (a run's life): a preparation that would rewrite the folder meanwhile is refused (check_not_read)."""
+    f = open(os.path.join(data_dir, 'meta.json'))
+    fcntl.flock(f, fcntl.LOCK_SH)
+    return f
+
+
+def check_not_read(data_dir):
+    """SystemExit where a live run reads the prepared data_dir (hold_for_reading): preparing it again would change
+    its files under that run."""
+    path = os.path.join(data_dir, 'meta.json')
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when f closes
+        except BlockingIOError:
+            raise SystemExit(f"error: {data_dir} is read by a live run, and preparing it again would change its files "
+                             f"under that run; nothing was changed; wait for that run to end, or pass another "
+                             f"--data_dir") from None
+
+
 # -----------------------------------------------------------------------------
 # writing a prepared folder: never half of it under its final names, a failure one line saying what is kept
 
@@ -81,6 +104,7 @@ def write_prepared(data_dir, files, meta):
     os.makedirs(data_dir, exist_ok=True)
     meta_path = os.path.join(data_dir, 'meta.json')
     if os.path.exists(meta_path):
+        check_not_read(data_dir)  # a live run's data is never rewritten under it
         os.remove(meta_path)
     kept = f"no temporary file is left, and {data_dir} has no meta.json: it is prepared again on the next run"
     for name, write in {**files, 'meta.json': lambda tmp: write_text(tmp, json.dumps(meta))}.items():

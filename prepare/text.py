@@ -26,7 +26,7 @@ from datasets import load_dataset
 from tqdm import tqdm
 
 from prepare.atomic import write_atomically, write_text
-from prepare.folder import read_meta, stop_if_disk_full
+from prepare.folder import check_not_read, read_meta, stop_if_disk_full
 from prepare.script import whole_number
 from prepare.sources import gpt2_encoding, hub_or_cache, local_copy
 
@@ -177,6 +177,8 @@ def prepare_text(dataset, data_dir, source, max_tokens=None, val_every=100, num_
         raise ValueError(f"{data_dir} holds {meta['source']} (val_every={meta['val_every']}), not {source} "
                          f"(val_every={val_every}): delete it or choose another --data_dir")
     total = sum(meta["tokens"].values())
+    if not fresh:  # its token files are moved aside to be appended to: never under a live run
+        check_not_read(data_dir)
     files = {split: open_tokens(data_dir, split, n) for split, n in meta["tokens"].items()}
     doc_index = sum(meta["documents"].values())
     val_first = meta.get("val_first", 0)  # absent in folders prepared before it existed

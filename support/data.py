@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from prepare import dataset_kind
-from prepare.folder import read_meta
+from prepare.folder import hold_for_reading, read_meta
 
 
 # -----------------------------------------------------------------------------
@@ -152,6 +152,7 @@ class Batches:
                  on_change=None):
         self.kind, self.on_change = dataset_kind(dataset), on_change
         self.data_dir, self.meta, self.split_rows = data_dir, meta, split_rows
+        self.reading = hold_for_reading(data_dir)  # no preparation rewrites the folder while this run reads it
         self.block_size, self.batch_size, self.device = block_size, batch_size, device
         self.augment, self.label_smoothing = augment, label_smoothing
         self.mixup_alpha, self.cutmix_alpha, self.cutmix_prob = mixup_alpha, cutmix_alpha, cutmix_prob

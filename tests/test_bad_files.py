@@ -112,7 +112,7 @@ def test_a_file_that_is_not_what_it_claims_is_one_line_naming_it(d):
         (['prepare/shakespeare_char.py', f'--source={d / "empty.txt"}', f'--data_dir={d}/new6'],
          [f'--source={d / "empty.txt"} is empty'], f'{d}/new6'),
         (['train.py', *TINY, '--dataset=shakespeare_char', f'--data_source={d / "one.txt"}', f'--data_dir={d}/new7',
-          f'--out_dir={d}/out7'], [d / 'one.txt', 'too short', '--source='], f'{d}/new7'),
+          f'--out_dir={d}/out7'], [d / 'one.txt', 'too short', '--data_source='], f'{d}/new7'),
     ]
     run_cases(d, cases)
 

@@ -125,3 +125,19 @@ def test_a_folder_that_may_not_be_written_says_so_not_to_free_space(tmp_path):
         assert str(e.value).startswith(f"error: cannot write {tmp_path / 'meta.json'} (") and said in str(e.value)
         assert ('free some space' in str(e.value)) == (code == errno.ENOSPC)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_a_live_run_reads_is_not_prepared_again_under_it(tmp_path):
+    """train.py's reader holds data_dir/.reading shared; preparing the folder again with other settings meanwhile is
+    one line and changes nothing; once the run has ended it goes ahead."""
+    from prepare.folder import hold_for_reading
+    recall.prepare(str(tmp_path), num_keys=8, num_pairs=2, seq_len=16, num_train=64, num_val=16)
+    reading = hold_for_reading(str(tmp_path))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(SystemExit, match=rf"^error: {tmp_path} is read by a live run, and preparing it again would "
+                                         r"change its files under that run; nothing was changed"):
+        recall.prepare(str(tmp_path), num_keys=6, num_pairs=2, seq_len=16, num_train=64, num_val=16)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    reading.close()  # the run ended
+    recall.prepare(str(tmp_path), num_keys=6, num_pairs=2, seq_len=16, num_train=64, num_val=16)
+    assert json.loads((tmp_path / 'meta.json').read_text())['task']['num_keys'] == 6
