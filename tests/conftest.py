@@ -41,6 +41,22 @@ def qkv(T, B=2, H=3, D=8, seed=0):
     return [torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
+def paths_match(paths, args, ref, wrt=None, names=None, tol=1e-10, grad_tol=None, nonzero=lambda name: True):
+    """Each path (a rule's attend_reference, attend, ...) called on `args` equals `ref`, the test's own float64
+    reference from the formula: its output within tol, and the gradients of `wrt` (default: args; named `names`)
+    within grad_tol (default: tol). The reference's gradient of each name `nonzero` says is not trivially zero."""
+    wrt, g = list(args if wrt is None else wrt), torch.randn_like(ref)
+    names = names or [f'input {i}' for i in range(len(wrt))]
+    grads_ref = torch.autograd.grad(ref, wrt, g)
+    for path in paths:
+        y = path(*args)
+        torch.testing.assert_close(y, ref, atol=tol, rtol=tol, msg=path.__name__)
+        for name, a, b in zip(names, torch.autograd.grad(y, wrt, g), grads_ref):
+            assert not nonzero(name) or b.abs().sum() > 0, name
+            torch.testing.assert_close(a, b, atol=grad_tol or tol, rtol=grad_tol or tol,
+                                       msg=f'{path.__name__}: gradient of {name}')
+
+
 def build_layer(attention, T, layer_idx=0, n_head=3, head_dim=8, **keys):
     """The rule tests' layer: attention=<attention> at n_head heads of head_dim (n_embd in keys overrides it),
     block_size T, in float64; keys: any other config keys. A test file binds its rule's own parameters after it."""

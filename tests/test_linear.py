@@ -10,7 +10,7 @@ import torch
 
 from rules import AttentionConfig, build_attention
 from rules.linear import LinearCache, carried_state
-from conftest import assert_causal, build_layer, cached_generation_equals_the_forward, qkv
+from conftest import assert_causal, build_layer, cached_generation_equals_the_forward, paths_match, qkv
 from model import GPT, GPTConfig
 
 
@@ -48,14 +48,7 @@ def test_matches_reference(kw):
     attn = make(**kw)
     q, k, v = qkv(kw['T'])
     ref = linear_reference(q, k, v, attn.causal, attn.eps)
-    g = torch.randn_like(ref)
-    grads_ref = torch.autograd.grad(ref, (q, k, v), g)
-    for path in (attn.attend_reference, attn.attend):
-        y = path(q, k, v)
-        torch.testing.assert_close(y, ref, atol=1e-12, rtol=1e-12, msg=path.__name__)
-        for name, a, b in zip('qkv', torch.autograd.grad(y, (q, k, v), g), grads_ref):
-            assert b.abs().sum() > 0, name  # the reference gradient is not trivially zero
-            torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-11, msg=f'{path.__name__}: gradient of {name}')
+    paths_match((attn.attend_reference, attn.attend), (q, k, v), ref, names='qkv', tol=1e-12, grad_tol=1e-11)
 
 
 def test_every_chunk_size_is_the_same_function():
