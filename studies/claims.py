@@ -12,7 +12,7 @@ not told apart: seeds bound a match, never show one). A claim of a bound ("99% o
 `threshold` and no `against`: the row's own values against that number. A claim that presumes something of the
 table (that softmax has a sink for TDA to be free of) has a `premise`; where the table does not show it, the
 verdict is 'untestable here', with why. `paper`: the paper's own numbers for the rows it reports, in the table's
-units (a fraction for accuracy and zeros; a task's number is the metric the paper reports, studies/ablate.py's
+units (a fraction for accuracy and zeros; a task's number is the metric the paper reports, studies/cells.py's
 PAPER_METRIC), on its own model and data; {} where it reports none for this metric. A claim on a system or metric
 the table did not run at this budget is left out of its table.md.
 """

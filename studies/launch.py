@@ -3,13 +3,13 @@ The lab's runs as jobs (studies/ablate.py --launcher=slurm or submitit_local), t
 each run one job, on SLURM of --nodes × --gpus_per_node processes under torchrun's multi-node rendezvous (c10d at
 the job's first node); a job preempted or out of time is resubmitted and its run goes on from its checkpoint (the
 lab resumes a run whose folder holds ckpt.pt). The job runs the lab's own cell_run (or train_run, for a run others
-start from), rebuilt from the lab's settings where the job lands.
+start from), the lab rebuilt from its settings where the job lands; the lab hands it those functions, and this file
+imports no other part of the lab.
 """
 import os
 import shutil
-import sys
 
-LAUNCHERS = ('local', 'submitit_local', 'slurm')  # local: a process per run, here (ablate.py's `launched`)
+LAUNCHERS = ('local', 'submitit_local', 'slurm')  # local: a process per run, here (studies/runs.py's `launched`)
 SLURM_KEYS = ('nodes', 'gpus_per_node', 'partition', 'time_min', 'account', 'cpus_per_task', 'mem_gb')
 CPUS_PER_GPU = 8  # a node's task's CPUs where cpus_per_task=0: a data loader and the process of each GPU
 RENDEZVOUS_PORT = 29500  # torchrun's c10d store on the job's first node
@@ -65,20 +65,20 @@ def slurm_job():
 
 
 class Job:
-    """One run as a submitit job: ablate.py's `work` ('cell_run': trained and scored; 'train_run': a run others
-    start from) on `run` (a Run's fields), the lab rebuilt from `settings` and `given` where the job lands."""
+    """One run as a submitit job: `work` (studies/cells.py's cell_run: trained and scored; studies/runs.py's
+    train_run: a run others start from) on `run` (a Run), the lab rebuilt where the job lands by `lab_of(settings,
+    given)` (studies/lab.py's lab_settings); on a SLURM job's other nodes `follow` (runs.follow_training) instead.
+    Each a module-level function: pickled by name, imported where the job lands."""
 
-    def __init__(self, settings, given, work, run):
-        self.settings, self.given, self.work, self.run = settings, sorted(given), work, tuple(run)
+    def __init__(self, settings, given, work, run, lab_of, follow):
+        self.settings, self.given, self.work, self.run = settings, sorted(given), work, run
+        self.lab_of, self.follow = lab_of, follow
 
     def __call__(self):
-        sys.argv = sys.argv[:1]  # ablate.py reads its settings from the command line: the job's is submitit's
-        from studies import ablate
-        lab = ablate.lab_settings(self.settings, self.given)
-        run = ablate.Run(*self.run)
+        lab = self.lab_of(self.settings, self.given)
         if lab.launcher == 'slurm' and slurm_job()['rank']:  # another node: its processes of the trainings only
-            return ablate.follow_training(lab, run)
-        return getattr(ablate, self.work)(lab, run)
+            return self.follow(lab, self.run)
+        return self.work(lab, self.run)
 
     def checkpoint(self, *args, **kwargs):
         """Preempted or out of time: the same job again (submitit requeues it); its run resumes from ckpt.pt."""
@@ -106,17 +106,17 @@ def executor(lab, folder):
     return ex
 
 
-def job_results(lab, waves, settings, given):
-    """(run, its work's result) of every run of `waves` ([[(work, Run)]]: a run after the one it starts from, so two
-    jobs never train one run), each run one job, a wave's jobs at once; a job that failed is the run's error."""
+def job_results(lab, waves, settings, given, lab_of, follow):
+    """(work, run, its result) of every run of `waves` ([[(work, Run)]]: a run after the one it starts from, so two
+    jobs never train one run), each run one job (a Job of `lab_of` and `follow`), a wave's jobs at once; a job that
+    failed is the run's error."""
     ex = executor(lab, os.path.join(os.path.abspath(lab.folder), 'jobs'))
     for wave in waves:
-        jobs = [(run, work, ex.submit(Job(settings, given, work, run))) for work, run in wave]
+        jobs = [(run, work, ex.submit(Job(settings, given, work, run, lab_of, follow))) for work, run in wave]
         for run, work, job in jobs:
             try:
                 result = job.result()
             except Exception as e:  # submitit's FailedJobError: the job's own traceback is in its log
                 result = {'error': f"error: job {job.job_id} failed ({type(e).__name__}: {str(e).splitlines()[0]})",
                           'log': str(job.paths.stderr)}
-            if work == 'cell_run':
-                yield run, result
+            yield work, run, result

@@ -12,7 +12,7 @@ from studies.systems import Metric
 
 # The every-rule table's rows: each rule's train.py arguments per system; 'causal' serves every GPT system the row does
 # not name. A value starting 'n/a' says why the row has no such run. A rule registered in rules.ATTENTION and not
-# named here runs with its defaults (ablate.every_rule_rows).
+# named here runs with its defaults (studies/lab.py's every_rule_rows).
 ROWS = {
     'softmax': {'causal': '--attention=softmax', 'vit': '--attention=softmax'},
     'krause': {'causal': '--attention=krause --krause_window=32 --krause_topk=16',  # the paper's LM

@@ -112,16 +112,15 @@ def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp
     assert out.strip().splitlines()[-1].startswith('error: 2 cell(s) failed (recall krause, vit krause)')
 
 
-def test_a_cell_of_two_seeds_is_the_mean_and_the_sample_standard_deviation(monkeypatch):
-    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
-    from studies import ablate
+def test_a_cell_of_two_seeds_is_the_mean_and_the_sample_standard_deviation():
+    from studies.report import cell_text
     run = lambda acc, wall: {'metrics': {'val_acc': acc}, 'train_wall_s': wall, 'score_wall_s': 1.0, 'rate': 100.0,
                              'rate_unit': 'tok/s'}
     cell = {'status': 'ok', 'seeds': {'1337': run(0.4, 9.0), '1338': run(0.6, 19.0)}}
-    assert ablate.cell_text(cell, 'recall') == '0.5000 ± 0.1414<br>15 s, 100 tok/s'  # sqrt(2 · 0.1² / 1), ddof=1
+    assert cell_text(cell, 'recall') == '0.5000 ± 0.1414<br>15 s, 100 tok/s'  # sqrt(2 · 0.1² / 1), ddof=1
     passkey = {'status': 'ok', 'seeds': {'1': {**run(0, 1.0), 'metrics': {'acc_1x': 1.0, 'acc_2x': 0.5, 'acc_4x': 0.0}}}}
-    assert ablate.cell_text(passkey, 'passkey') == '1.000 / 0.500 / 0.000<br>2 s, 100 tok/s'
-    assert ablate.cell_text({'status': 'n/a', 'why': 'n/a: a | b'}, 'vit') == 'n/a: a / b'  # a table cell stays one
+    assert cell_text(passkey, 'passkey') == '1.000 / 0.500 / 0.000<br>2 s, 100 tok/s'
+    assert cell_text({'status': 'n/a', 'why': 'n/a: a | b'}, 'vit') == 'n/a: a / b'  # a table cell stays one
 
 
 # -----------------------------------------------------------------------------
@@ -226,9 +225,8 @@ def test_the_95_percent_t_quantile_equals_the_tables_and_scipy():
             assert t_quantile(level, df) == pytest.approx(scipy.t.ppf((1 + level) / 2, df), rel=1e-9), (df, level)
 
 
-def test_a_paper_table_marks_a_row_whose_paired_interval_excludes_zero(monkeypatch):
-    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
-    from studies import ablate
+def test_a_paper_table_marks_a_row_whose_paired_interval_excludes_zero():
+    from studies.report import compared, paired_line, table_line, table_metrics, told_apart
     cells = fake_cells(softmax=(1.0, 1.1, 1.2),    # 1.1 ± 0.1 (the sample standard deviation, ddof=1)
                        window=(0.5, 0.6, 0.7),     # each seed 0.5 lower: d = -0.5 ± 0, the interval [-0.5, -0.5]
                        topk=(1.0, 1.2, 1.4),       # d = 0, 0.1, 0.2: 0.1 ± t·0.1/√3 = 0.1 ± 0.2484, holds 0
@@ -237,8 +235,8 @@ def test_a_paper_table_marks_a_row_whose_paired_interval_excludes_zero(monkeypat
                        routing=(1.6, 1.5, 1.4),    # 0.4 higher on average, but d = 0.6, 0.4, 0.2: 0.4 ± 0.4968, holds 0,
                        #   though |1.5 - 1.1| = 0.4 > 2·sqrt(0.1² + 0.1²) = 0.28 (the unpaired rule would mark it)
                        krause=(1.05,))             # one seed: no interval
-    metrics, first = ablate.table_metrics(ablate.TABLES['krause_lm'], 'text', []), cells['softmax']['text']  # val loss
-    line = lambda row: ablate.table_line(row, cells[row]['text'], first, metrics)
+    metrics, first = table_metrics(TABLES['krause_lm'], 'text', []), cells['softmax']['text']  # val loss
+    line = lambda row: table_line(row, cells[row]['text'], first, metrics)
     assert line('softmax') == '| softmax | `--attention=x` | 1.1000 ± 0.1000 | 801,664 | 4.1k · 2.11k | 10 s, 100 tok/s |'
     assert line('window').startswith('| window | `--attention=x` | 0.6000 ± 0.1000* | 801,664 |')
     assert line('topk').startswith('| topk | `--attention=x` | 1.2000 ± 0.2000 | 801,664 |')
@@ -249,33 +247,32 @@ def test_a_paper_table_marks_a_row_whose_paired_interval_excludes_zero(monkeypat
     half = {'topk': t2 * 0.1 / math.sqrt(3), 'routing': t2 * 0.2 / math.sqrt(3),
             'longformer': t2 * float(np.std([0.06, 0.05, 0.06], ddof=1)) / math.sqrt(3)}
     assert half['routing'] == pytest.approx(0.49683, abs=1e-5)
-    pair = lambda row: ablate.paired_line(row, cells[row]['text'], first, metrics)
+    pair = lambda row: paired_line(row, cells[row]['text'], first, metrics)
     assert pair('window') == '| window | −0.5000 [−0.5000, −0.5000]* |'
     assert pair('topk') == f"| topk | +0.1000 [{0.1 - half['topk']:+.4f}, +{0.1 + half['topk']:.4f}] |".replace('-', '−')
     assert pair('routing') == '| routing | +0.4000 [−0.0968, +0.8968] |'
-    longformer = ablate.compared(cells['longformer']['text'], first, 'val_loss')
+    longformer = compared(cells['longformer']['text'], first, 'val_loss')
     assert longformer['diffs'] == pytest.approx([0.06, 0.05, 0.06]) and longformer['apart'] == 1
     assert longformer['half_width'] == pytest.approx(half['longformer'], rel=1e-9)
     assert pair('krause') == '| krause | +0.0500 (one seed) |'  # its seed 1337 against softmax's 1.0
-    assert ablate.told_apart('text', list(cells), cells, metrics[0]) == (
+    assert told_apart('text', list(cells), cells, metrics[0]) == (
         "**text**, val loss (lower is better), against softmax, paired by seed: lower (the interval below 0): "
         "window; not told apart (± the smallest difference its seeds could show): topk (±0.2484), routing (±0.4968); "
         "higher (above 0): longformer; one seed, no interval: krause.")
     failed = {'status': 'failed', 'own': '--attention=x', 'why': 'error: a | b'}
-    assert ablate.table_line('topk', failed, first, metrics) == '| topk | `--attention=x` | error: a / b | | | |'
+    assert table_line('topk', failed, first, metrics) == '| topk | `--attention=x` | error: a / b | | | |'
 
 
-def test_a_claims_verdict_follows_its_paired_interval(monkeypatch):
-    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
+def test_a_claims_verdict_follows_its_paired_interval():
     from types import SimpleNamespace
-    from studies import ablate
     from studies.claims import CLAIMS
+    from studies.report import claim_results, claims_markdown
     cells = fake_cells(softmax=(1.0, 1.1, 1.2), window=(0.5, 0.6, 0.7), topk=(1.0, 1.2, 1.4),
                        longformer=(1.06, 1.15, 1.26), routing=(1.6, 1.5, 1.4), krause=(0.9, 1.0, 1.1),
                        krause_matched=(1.1, 1.2, 1.3))
-    lab = SimpleNamespace(table_name='krause_lm', table=ablate.TABLES['krause_lm'], systems=['text'], budget='cpu',
+    lab = SimpleNamespace(table_name='krause_lm', table=TABLES['krause_lm'], systems=['text'], budget='cpu',
                           rows_of={'text': list(cells)}, tasks='')
-    results = {(r['row'], r['against']): r for r in ablate.claim_results(lab, cells)}
+    results = {(r['row'], r['against']): r for r in claim_results(lab, cells)}
     assert {pair: r['verdict'] for pair, r in results.items()} == {  # each a claim that the row matches or beats
         ('krause', 'softmax'): 'holds',            # d = -0.1 in each seed: the interval below 0
         ('krause', 'window'): 'contradicted',      # d = +0.4 in each seed
@@ -284,26 +281,25 @@ def test_a_claims_verdict_follows_its_paired_interval(monkeypatch):
         ('krause', 'routing'): 'holds',            # d = -0.7, -0.5, -0.3: -0.5 ± 0.4968, just below 0
         ('krause_matched', 'softmax'): 'contradicted'}  # d = +0.1 in each seed
     assert len(results) == len(CLAIMS['krause_lm'])
-    text = '\n'.join(ablate.claims_markdown(lab, list(results.values())))
+    text = '\n'.join(claims_markdown(lab, list(results.values())))
     assert "At budget `cpu` the models, data and steps are far smaller than the paper's" in text
     assert "| text: val loss | krause − routing: not higher | no number for this metric | −0.5000 [−0.9968, −0.0032]* " \
            "| holds |" in text
     assert "| krause − topk: not higher | no number for this metric | −0.2000 [−0.4484, +0.0484] | not told apart at " \
            "this budget (±0.2484) |" in text
     lab.rows_of = {'text': ['softmax', 'krause']}  # --rows=krause: the claims against rows not run are left out
-    assert [(r['row'], r['against']) for r in ablate.claim_results(lab, cells)] == [('krause', 'softmax')]
+    assert [(r['row'], r['against']) for r in claim_results(lab, cells)] == [('krause', 'softmax')]
 
 
-def test_every_claim_names_its_tables_system_rows_and_metric(monkeypatch):
-    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
-    from studies import ablate
+def test_every_claim_names_its_tables_system_rows_and_metric():
     from studies.claims import CLAIMS, WAYS
-    assert set(CLAIMS) <= set(ablate.TABLES)
+    from studies.report import table_metrics
+    assert set(CLAIMS) <= set(TABLES)
     for name, claims in CLAIMS.items():
         for claim in claims:
-            spec = ablate.TABLES[name].systems[claim.system]
+            spec = TABLES[name].systems[claim.system]
             tasks = [t for t in spec.tasks.split(',') if t]  # the paper budget's columns
-            keys = [m.key for m in ablate.table_metrics(ablate.TABLES[name], claim.system, tasks)]
+            keys = [m.key for m in table_metrics(TABLES[name], claim.system, tasks)]
             assert claim.metric in keys and claim.way in WAYS, (name, claim)
             assert claim.row in spec.rows and claim.row != claim.against, (name, claim)
             assert (claim.against in spec.rows) == (claim.threshold is None) != (claim.against == ''), (name, claim)
@@ -320,31 +316,31 @@ def analysed_cells(system='text', **rows):
         for i in range(len(next(iter(metrics.values()))))}}} for row, metrics in rows.items()}
 
 
-def claims_of(ablate, name, cells, tasks=''):
+def claims_of(name, cells, tasks=''):
     """({(row, against or the threshold, metric): claim_results' result}, the lab) of table `name` on `cells` (one
     system's), at cpu."""
     from types import SimpleNamespace
+    from studies.report import claim_results
     system = next(iter(next(iter(cells.values()))))
-    lab = SimpleNamespace(table_name=name, table=ablate.TABLES[name], systems=[system], budget='cpu',
+    lab = SimpleNamespace(table_name=name, table=TABLES[name], systems=[system], budget='cpu',
                           rows_of={system: list(cells)}, tasks=tasks)
-    results = ablate.claim_results(lab, cells)
+    results = claim_results(lab, cells)
     return {(r['row'], r['against'] or r['threshold'], r['metric']): r for r in results}, lab
 
 
-def test_a_claim_of_a_bound_is_tested_against_it_and_one_whose_premise_is_absent_is_untestable(monkeypatch):
+def test_a_claim_of_a_bound_is_tested_against_it_and_one_whose_premise_is_absent_is_untestable():
     """TDA's "99% of its weights exactly zero": the row's own zeros against 0.99, not its lead over softmax (which
     has none); "free of the attention sink softmax has": untestable where softmax's sink ratio is not above 1."""
-    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
-    from studies import ablate
+    from studies.report import claims_markdown, compared
     zeros = {'softmax': (0.0, 0.0, 0.0), 'tda': (0.93, 0.95, 0.94)}  # far above softmax's, below 0.99 in each seed
     no_sink = {'softmax': (0.50, 0.52, 0.54), 'tda': (0.30, 0.35, 0.33)}  # softmax: half the uniform share
     cells = analysed_cells(**{row: {'sparsity': zeros[row], 'sink_ratio': no_sink[row]} for row in zeros})
-    results, lab = claims_of(ablate, 'tda', cells)
+    results, lab = claims_of('tda', cells)
     bound, sink = results[('tda', 0.99, 'sparsity')], results[('tda', 'softmax', 'sink_ratio')]
-    assert ablate.compared(cells['tda']['text'], cells['softmax']['text'], 'sparsity')['apart'] == 1  # beats softmax
+    assert compared(cells['tda']['text'], cells['softmax']['text'], 'sparsity')['apart'] == 1  # beats softmax
     assert bound['ours']['diffs'] == pytest.approx([-0.06, -0.04, -0.05]) and bound['verdict'] == 'contradicted'
     assert sink['ours']['apart'] == -1 and sink['verdict'] == 'untestable here'  # lower than softmax's, told apart
-    text = '\n'.join(ablate.claims_markdown(lab, list(results.values())))
+    text = '\n'.join(claims_markdown(lab, list(results.values())))
     assert "| text: exact zeros | tda − 0.99 (the claim's bound): not lower | tda 0.990 | −0.050 [−0.075, −0.025]* " \
            "| contradicted |" in text
     assert "| untestable here: it presumes softmax has a sink: its sink ratio above 1 (token 0 gets more than the " \
@@ -354,25 +350,24 @@ def test_a_claim_of_a_bound_is_tested_against_it_and_one_whose_premise_is_absent
     # at 99.6% zeros the bound holds; with a sink in softmax (its ratio about 2), TDA's lower share holds
     cells = analysed_cells(softmax={'sparsity': (0.0, 0.0, 0.0), 'sink_ratio': (1.8, 2.0, 2.2)},
                            tda={'sparsity': (0.995, 0.996, 0.997), 'sink_ratio': (0.9, 1.0, 1.1)})
-    results, _ = claims_of(ablate, 'tda', cells)
+    results, _ = claims_of('tda', cells)
     assert results[('tda', 0.99, 'sparsity')]['verdict'] == 'holds'
     assert results[('tda', 'softmax', 'sink_ratio')]['verdict'] == 'holds'
     cells['softmax']['text']['seeds']['1337']['metrics']['sink_ratio'] = 0.2  # 0.2, 2.0, 2.2: a sink not shown
-    assert claims_of(ablate, 'tda', cells)[0][('tda', 'softmax', 'sink_ratio')]['verdict'] == 'untestable here'
+    assert claims_of('tda', cells)[0][('tda', 'softmax', 'sink_ratio')]['verdict'] == 'untestable here'
 
 
-def test_a_task_is_scored_by_the_papers_metric_and_a_comparable_claim_is_never_a_lead(monkeypatch):
+def test_a_task_is_scored_by_the_papers_metric_and_a_comparable_claim_is_never_a_lead():
     """CB's number is its accuracy, as the Krause paper's 60.71 → 64.29 (the harness's F1 beside it); the paper
     calls BoolQ's 80.41 → 80.59 comparable: told apart either way is contradicted, a lead included."""
-    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
-    from studies import ablate
+    from studies.cells import task_score
     cb = {'alias': 'cb', 'acc,none': 0.6429, 'acc_stderr,none': 0.06, 'f1,none': 0.4804, 'f1_stderr,none': 'N/A'}
-    assert ablate.task_score(cb, 'cb') == 0.6429
-    assert ablate.task_score({'f1,none': 0.3, 'acc,none': 0.5}, 'qasper_scrolls') == 0.3  # the first of TASK_METRICS
-    assert ablate.task_score({'acc,none': 0.5, 'acc_norm,none': 0.6}, 'piqa') == 0.6
+    assert task_score(cb, 'cb') == 0.6429
+    assert task_score({'f1,none': 0.3, 'acc,none': 0.5}, 'qasper_scrolls') == 0.3  # the first of TASK_METRICS
+    assert task_score({'acc,none': 0.5, 'acc_norm,none': 0.6}, 'piqa') == 0.6
     boolq = lambda *krause: analysed_cells('shortcut', lora={'task_boolq': (0.80, 0.81, 0.82)},
                                            krause={'task_boolq': krause})
-    verdict = lambda cells: claims_of(ablate, 'krause_llm', cells, 'boolq')[0][('krause', 'lora', 'task_boolq')]
+    verdict = lambda cells: claims_of('krause_llm', cells, 'boolq')[0][('krause', 'lora', 'task_boolq')]
     assert verdict(boolq(0.80, 0.812, 0.819))['verdict'] == 'not told apart'  # +0.0003 [−0.0121, +0.0127]
     lead = verdict(boolq(0.85, 0.86, 0.87))  # +0.05 in each seed: 'higher' would hold
     assert lead['way'] == 'comparable' and lead['ours']['apart'] == 1 and lead['verdict'] == 'contradicted'

@@ -2,6 +2,7 @@
 a table said before the first step (--dry_run); a cell on every process of a node (--nproc_per_node, torchrun), cells
 side by side (--cells_at_once) and cells as jobs (--launcher, submitit), each giving the serial run's cells."""
 import json
+import pickle
 import re
 
 import pytest
@@ -122,12 +123,15 @@ def test_a_slurm_job_is_nodes_times_gpus_under_torchruns_rendezvous(tmp_path, mo
         (tmp_path / tool).chmod(0o755)
     monkeypatch.setenv('PATH', f"{tmp_path}:{__import__('os').environ['PATH']}")
     monkeypatch.setattr('sys.argv', ['ablate.py'])
-    from studies import ablate, launch
+    from studies import ablate, launch  # ablate: the script's settings, their defaults
+    from studies.cells import cell_run
+    from studies.lab import lab_settings, planned_cells
+    from studies.runs import follow_training, run_command, run_dir, torchrun, training_command
     from support.checks import script_settings
     given = {'launcher', 'nodes', 'gpus_per_node', 'partition', 'time_min', 'account', 'budget', 'out_root'}
     settings = {**script_settings(vars(ablate)), 'launcher': 'slurm', 'nodes': 2, 'gpus_per_node': 4, 'budget': 'tiny',
                 'partition': 'h100', 'time_min': 90, 'account': 'attn', 'out_root': str(tmp_path / 'lab')}
-    lab = ablate.lab_settings(settings, given)
+    lab = lab_settings(settings, given)
     ex = launch.executor(lab, tmp_path / 'jobs')
     assert {k: ex.parameters[k] for k in ('nodes', 'ntasks_per_node', 'gpus_per_node', 'partition', 'time',
                                           'account')} == {'nodes': 2, 'ntasks_per_node': 1, 'gpus_per_node': 4,
@@ -141,22 +145,24 @@ def test_a_slurm_job_is_nodes_times_gpus_under_torchruns_rendezvous(tmp_path, mo
                        'SLURM_LOCALID': '0'}.items():
         monkeypatch.setenv(key, value)
     assert launch.slurm_job() == {'hosts': ['gpu07', 'gpu08'], 'rank': 1, 'id': '4242'}
-    _, todo = ablate.planned_cells(lab)
-    folder = ablate.run_dir(lab, todo[0])
-    assert ablate.torchrun(lab, folder) == [
+    _, todo = planned_cells(lab)
+    folder = run_dir(lab, todo[0])
+    assert torchrun(lab, folder) == [
         '-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=4', '--rdzv_backend=c10d',
         '--rdzv_endpoint=gpu07:29500', f'--rdzv_id=4242-{folder.rsplit("/", 1)[1]}']
     # 8 processes share each step: each micro-batch cut, the micro-steps multiplied, a step's samples unchanged
     from studies.cost import train_settings
-    recipe = train_settings(ablate.run_command(lab, todo[0])[1])
-    spread = train_settings(ablate.training_command(lab, todo[0], folder)[1])
+    recipe = train_settings(run_command(lab, todo[0])[1])
+    spread = train_settings(training_command(lab, todo[0], folder)[1])
     assert spread['gradient_accumulation_steps'] % 8 == 0 and spread['batch_size'] < recipe['batch_size']
     assert (spread['batch_size'] * spread['gradient_accumulation_steps'] ==
             recipe['batch_size'] * recipe['gradient_accumulation_steps'])
     assert ex.parameters['cpus_per_task'] == 32 and 'mem' not in ex.parameters  # 8 CPUs a GPU; the cluster's memory
-    job = launch.Job(settings, given, 'cell_run', todo[0])
+    job = launch.Job(settings, given, cell_run, todo[0], lab_settings, follow_training)
     again = job.checkpoint()  # preempted or out of time: the same job resubmitted
     assert isinstance(again, submitit.helpers.DelayedSubmission) and again.function is job
+    landed = pickle.loads(pickle.dumps(job))  # its functions by name: imported where the job lands
+    assert (landed.work, landed.lab_of, landed.follow, landed.run) == (cell_run, lab_settings, follow_training, todo[0])
 
 
 def test_a_world_that_cannot_share_a_step_is_refused_before_any_job_and_a_jobs_cpus_and_memory_are_set(tmp_path,
@@ -180,11 +186,12 @@ def test_a_world_that_cannot_share_a_step_is_refused_before_any_job_and_a_jobs_c
             "that shares it: 2 or 4"), out
     assert not (tmp_path / 'lab').exists()
     monkeypatch.setattr('sys.argv', ['ablate.py'])
-    from studies import ablate, launch
+    from studies import ablate, launch  # ablate: the script's settings, their defaults
+    from studies.lab import lab_settings
     from support.checks import script_settings
     settings = {**script_settings(vars(ablate)), 'launcher': 'slurm', 'gpus_per_node': 2, 'cpus_per_task': 12,
                 'mem_gb': 200, 'budget': 'tiny', 'out_root': str(tmp_path / 'lab')}
-    ex = launch.executor(ablate.lab_settings(settings, {'launcher', 'gpus_per_node', 'cpus_per_task', 'mem_gb'}),
+    ex = launch.executor(lab_settings(settings, {'launcher', 'gpus_per_node', 'cpus_per_task', 'mem_gb'}),
                          tmp_path / 'jobs')
     sbatch = ex._make_submission_file_text('python -u -m submitit.core._submit JOBS', 'uid').splitlines()
     assert '#SBATCH --cpus-per-task=12' in sbatch and '#SBATCH --mem=200G' in sbatch, sbatch

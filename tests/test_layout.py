@@ -111,3 +111,29 @@ def test_the_torch_the_docs_name_has_what_the_code_imports():
     lowest = re.search(r"^torch>=([\d.]+)$", (ROOT / 'requirements.txt').read_text(), re.M).group(1)
     assert tuple(map(int, lowest.split('.'))) >= (2, 9)
     assert f"torch: any >= {lowest}" in (ROOT / 'README.md').read_text()
+
+
+def test_the_studies_import_no_loop():
+    """No module of studies/ imports, at its top or in a function, one that imports it back (launch.py is handed
+    the lab's functions for a job, never imports the lab)."""
+    graph = {}
+    for path in tracked('studies/*.py'):
+        modules = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or '').startswith('studies.'):
+                modules.add(node.module.split('.')[1])
+            elif isinstance(node, ast.ImportFrom) and node.module == 'studies':
+                modules |= {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                modules |= {a.name.split('.')[1] for a in node.names if a.name.startswith('studies.')}
+        graph[path.stem] = modules
+
+    def reach(name, seen=()):
+        """The modules `name` imports, itself or through others."""
+        found = set()
+        for module in graph.get(name, set()) - set(seen):
+            found |= {module} | reach(module, (*seen, module))
+        return found
+    looped = sorted(name for name in graph if name in reach(name))
+    assert not looped, looped
+    assert not graph['launch'], graph['launch']
