@@ -11,7 +11,8 @@ configs, a GPU's job), the metric its paper reports and which way is better, how
 run it starts from. The rows in studies/tables.py: ROWS, every rule in rules.ATTENTION with its official settings
 per system (a rule registered there and not named in ROWS runs with its defaults), the mix form (Krause beside
 softmax) and the sliding-window softmax baseline; and TABLES, the papers' tables. --recipe adds train.py arguments
-to every run. Adding a system: one System in SYSTEMS (its arguments per budget, its metrics; `passkeys` where it is
+to every run (a key some rules read: to their runs alone; one the lab sets itself, seed or out_dir, or one no run
+reads: refused). Adding a system: one System in SYSTEMS (its arguments per budget, its metrics; `passkeys` where it is
 scored on fresh passkeys, `full_keys` where train.py's full evaluation has its number; a row's own arguments in ROWS
 where a rule needs them). Adding a table: one Table in TABLES (a TableSystem per system: its rows, the settings they
 share, the paper's recipe).
@@ -81,7 +82,7 @@ if __package__ in (None, ''):  # run as a script: the repo root on the path, as 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prepare import ROOT
 from studies.cells import run_cells
-from studies.dryrun import check_processes_share_each_step, every_table, print_cost
+from studies.dryrun import check_processes_share_each_step, check_recipe_is_read, every_table, print_cost
 from studies.lab import lab_settings, planned_cells, take_folder
 from studies.report import write_tables
 from support.checks import check_or_exit, script_settings
@@ -94,7 +95,8 @@ rows = ''                   # the table's rows by name (rules, mix, window); '' 
 seeds = '1337'              # a run per seed; cells show mean ± sample sd (a table: 1337,1338,1339 at cpu)
 out_root = 'lab'            # the runs (a folder per run) and the table
 train_missing = True        # train the runs that are missing; False: only tabulate what is there
-recipe = ''                 # more train.py arguments for every run, after the budget's (e.g. "--dtype=float32")
+recipe = ''                 # more train.py arguments for every run, after the budget's (e.g. "--dtype=float32"); a
+                            # rule's own key goes to that rule's runs
 text_source = ''            # the text and shortcut systems' data instead of the download (train.py --data_source)
 cifar_source = ''           # the vit and pixels systems' CIFAR-10 (a folder with train/test.parquet)
 cifar100_source = ''        # the vit100 system's CIFAR-100 (a folder with train/test.parquet)
@@ -127,6 +129,7 @@ exec(open(ROOT / 'configurator.py').read())
 def main():
     lab = check_or_exit(lab_settings, script_settings(globals()), overridden)  # before any work
     check_or_exit(check_processes_share_each_step, lab)  # the dry run too: it prices what would run
+    check_or_exit(check_recipe_is_read, lab)
     if lab.dry_run:
         return print_cost(every_table(lab) if not lab.table_name and not {'systems', 'rows'} & set(overridden) else
                           [lab])

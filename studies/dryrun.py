@@ -104,3 +104,20 @@ def check_processes_share_each_step(lab):
                 spread_batch(lab, args)
             except ValueError as e:
                 raise ValueError(f"{run.system} {run.row} at budget {lab.budget}: {e}") from None
+
+
+def check_recipe_is_read(lab):
+    """ValueError where the recipe holds a key that some rules read (recipe_args gives it to their runs) and no run
+    of the lab's is one of theirs: it would change nothing."""
+    from rules import ATTENTION, keys_read
+    from studies.cost import train_settings
+    given = {a.removeprefix('--').split('=', 1)[0] for a in shlex.split(lab.recipe)}
+    owned = given & set().union(*(keys_read(name) for name in ATTENTION))
+    if not owned:
+        return
+    runs = [run_command(lab, run) for run in needed_runs(lab, planned_cells(lab)[1]).values()]
+    settings = [train_settings(args) for script, args in runs if script == 'train.py']
+    for key in sorted(owned - set().union(*(keys_read(s['attention'], s['mix']) for s in settings))):
+        readers = ', '.join(name for name in ATTENTION if key in keys_read(name))
+        raise ValueError(f"recipe: --{key} is read only by {readers}, and no run of this table is one: it would "
+                         f"change nothing; drop it, or pick a row that reads it with --rows")

@@ -141,6 +141,12 @@ def every_rule_picks(c):
     return picked('rows', c['rows'] or ','.join(every), every), system_names, c['seeds']
 
 
+LAB_KEYS = {  # train.py's keys the lab sets itself, and where a user sets them instead
+    'seed': 'pass --seeds=N,... to the lab', 'out_dir': 'its folder under --out_root',
+    'init_from': "a system's base run, or the run it resumes", 'data_source': 'pass --text_source or --cifar_source',
+    'attention': 'a row\'s rule: pick rows with --rows', 'mix': "a row's form: pick rows with --rows"}
+
+
 def check_the_rest(c, name, system_names):
     """ValueError naming the first bad setting of those that pick no row: commands, tasks, data and out_root."""
     for key in ('recipe', 'harness_args'):
@@ -149,6 +155,11 @@ def check_the_rest(c, name, system_names):
         except ValueError as e:
             raise ValueError(f"{key} does not parse as command-line arguments ({e}); pass --{key}=\"...\" with "
                              f"balanced quotes") from None
+    for arg in shlex.split(c['recipe']):  # a key the lab sets for each run itself: the recipe would contradict it
+        key = arg.removeprefix('--').split('=', 1)[0]
+        if key in LAB_KEYS:
+            raise ValueError(f"recipe: --{key} is set by the lab for each run ({LAB_KEYS[key]}); drop it from "
+                             f"--recipe")
     if c['tasks'] not in ('', 'none') and not (name and any(TABLES[name].systems[s].tasks for s in system_names)):
         raise ValueError(f"tasks={c['tasks']} scores a table's language models, and "
                          f"{'table ' + name + ' has none picked' if name else 'no table is picked'}; pass "
@@ -195,8 +206,8 @@ def lab_settings(c, given=()):
     row_names, system_names, seed_text = table_picks(c, given, name) if spec else every_rule_picks(c)
     seed_list = check_int_list({'seeds': seed_text}, 'seeds', '1337,1338', at_least=0)
     check_distinct('seeds', seed_list)
+    check_launcher(c, given)  # first: its advice on cells_at_once (jobs, not threads) is the one that works
     check_the_rest(c, name, system_names)
-    check_launcher(c, given)
     if spec:  # each system's rows in the table's order, and their arguments at this budget
         rows_of = {s: compared_rows(spec.systems[s], row_names) for s in system_names}
         arguments_of = {s: table_rows(spec.systems[s], c['budget']) for s in system_names}

@@ -90,8 +90,22 @@ def run_args(lab, run, out_dir=True):
     source = [f'--data_source={os.path.abspath(lab.sources[data])}'] if lab.sources.get(data) else []
     if data == 'own':  # apart from the default's (passkeys of 1, 2, 4 needles at each length)
         source = [f"--data_dir={os.path.join(os.path.abspath(lab.out_root), 'data', run.system)}"]
-    return [*shlex.split(args), *shlex.split(own), *shlex.split(lab.recipe), *source, f'--seed={run.seed}',
+    args = [*shlex.split(args), *shlex.split(own)]
+    return [*args, *recipe_args(lab, args), *source, f'--seed={run.seed}',
             *([f'--out_dir={run_dir(lab, run)}'] if out_dir else [])]
+
+
+def recipe_args(lab, args):
+    """The recipe's arguments for a run of train.py `args`: a key some rules read (their Config's, their `reads`:
+    rules.keys_read) goes to the runs of a rule that reads it, every other key to every run."""
+    from rules import ATTENTION, keys_read
+    from studies.cost import train_settings
+    recipe = shlex.split(lab.recipe)
+    if not recipe:
+        return []
+    settings = train_settings(args)
+    unread = set().union(*(keys_read(name) for name in ATTENTION)) - keys_read(settings['attention'], settings['mix'])
+    return [a for a in recipe if a.removeprefix('--').split('=', 1)[0] not in unread]
 
 
 def swapped_from(lab, run):

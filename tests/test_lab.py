@@ -472,3 +472,24 @@ def test_a_tables_zero_shot_task_is_a_column_scored_by_the_harness(tmp_path):
         right += int((summed / torch.tensor([len(e) for e in row['endings']])).argmax() == label)
     assert cell['seeds']['1337']['metrics']['task_hellaswag_nanogpt'] == right / 6
     assert '| sink ratio | hellaswag_nanogpt | parameters |' in (lab / 'tda' / 'table.md').read_text()
+
+
+def test_a_recipe_key_goes_to_the_runs_that_read_it_and_one_the_lab_sets_is_refused(tmp_path):
+    """--recipe: a rule's own key reaches that rule's runs alone (the others would refuse it), one no run reads is one
+    line, and a key the lab sets per run itself (the seed, the folder) is refused, not silently overridden."""
+    common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', f'--out_root={tmp_path}', '--dry_run=True']
+    out = run_script(*common, '--rows=softmax,krause', '--recipe=--krause_topk=4 --dtype=float32')
+    commands = {line.split('--attention=')[1].split()[0]: line for line in out.splitlines() if 'python train.py' in line}
+    assert '--krause_topk=4 --dtype=float32' in commands['krause'], out
+    assert '--krause_topk' not in commands['softmax'] and '--dtype=float32' in commands['softmax'], out
+    for rows, recipe, line in [
+        ('softmax', '--krause_topk=4', "error: recipe: --krause_topk is read only by krause, and no run of this table "
+                                       "is one: it would change nothing; drop it, or pick a row that reads it with "
+                                       "--rows"),
+        ('softmax', '--seed=5', "error: recipe: --seed is set by the lab for each run (pass --seeds=N,... to the lab); "
+                                "drop it from --recipe"),
+        ('softmax', f'--out_dir={tmp_path}/x', "error: recipe: --out_dir is set by the lab for each run (its folder "
+                                               "under --out_root); drop it from --recipe")]:
+        refused = run_script(*common[:-1], f'--rows={rows}', f'--recipe={recipe}', check=False)
+        assert refused.strip().splitlines()[-1] == line, refused
+    assert list(tmp_path.iterdir()) == []
