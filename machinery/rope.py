@@ -58,6 +58,6 @@ def check_rope_scaling(config):
         raise ValueError(f"{key}={getattr(config, key)} is read only with RoPE, and pos_emb={config.pos_emb!r}; pass "
                          f"--pos_emb=rope, or drop --{key}")
     if config.rope_factor != 1.0 and config.rope_scaling == 'none':
-        raise ValueError(f"rope_factor={config.rope_factor} is read only where RoPE is scaled, and rope_scaling='none'; "
-                         f"pass --rope_scaling=ntk (or linear), or drop --rope_factor")
+        raise ValueError(f"rope_factor={config.rope_factor} is read only where RoPE is scaled, and "
+                         f"rope_scaling='none'; pass --rope_scaling=ntk (or linear), or drop --rope_factor")
 

@@ -175,7 +175,7 @@ class ThresholdDifferentialAttention(Attention):
                                       threshold)  # (B, H, C, L)
 
     def attend_flex(self, *tensors, masks=None):
-        # exp(score_mod) = relu(q̃·k̂ - τ̃_i)^p, q̃ = q̂/c_i, τ̃_i = τ_i/c_i, so Σ_j a_ij v_j = c_i^p · y_i · exp(lse_i),
+        # exp(score_mod) = relu(q̃·k̂ - τ̃_i)^p, q̃ = q̂/c_i, τ̃_i = τ_i/c_i: Σ_j a_ij v_j = c_i^p · y_i · exp(lse_i),
         # y flex's output (c_i = τ_i, or 1 where τ_i = 0: τ̃_i is 1 or 0): nothing captured needs a gradient. λ after.
         queries, keys, v = self.split_views(tensors, normalise=True)
         B, H, T, D = v.shape

@@ -479,7 +479,8 @@ def test_a_recipe_key_goes_to_the_runs_that_read_it_and_one_the_lab_sets_is_refu
     line, and a key the lab sets per run itself (the seed, the folder) is refused, not silently overridden."""
     common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', f'--out_root={tmp_path}', '--dry_run=True']
     out = run_script(*common, '--rows=softmax,krause', '--recipe=--krause_topk=4 --dtype=float32')
-    commands = {line.split('--attention=')[1].split()[0]: line for line in out.splitlines() if 'python train.py' in line}
+    commands = {line.split('--attention=')[1].split()[0]: line for line in out.splitlines()
+                if 'python train.py' in line}
     assert '--krause_topk=4 --dtype=float32' in commands['krause'], out
     assert '--krause_topk' not in commands['softmax'] and '--dtype=float32' in commands['softmax'], out
     for rows, recipe, line in [

@@ -53,8 +53,9 @@ def test_imports_read_downward():
 
 
 def test_a_rule_file_imports_the_frame_and_the_machinery_only():
-    """rules/<key>.py: attention.py (the frame, softmax, the row-weights frame), machinery/, torch, numpy and the standard
-    library at its top, never another rule, and nothing below the top (the registry hands the mix its rule)."""
+    """rules/<key>.py: attention.py (the frame, softmax, the row-weights frame), machinery/, torch, numpy and the
+    standard library at its top, never another rule, and nothing below the top (the registry hands the mix its
+    rule)."""
     for path in tracked('rules/*.py'):
         tree = ast.parse(path.read_text())
         top = {node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))}

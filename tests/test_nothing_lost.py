@@ -134,7 +134,8 @@ def test_a_preparation_stopped_by_a_full_disk_leaves_no_temporary_file(data, tmp
 def test_data_that_changes_at_the_same_size_is_caught(data, tmp_path):
     """train.bin rewritten in place at the same size (its time kept, too), meta.json rewritten, a recall split
     written again (by hand: a preparation is refused while the run reads the folder, test_prepare.py), mid-run: one
-    line naming the file, the checkpoint of iteration 4 kept byte for byte. A --data_source (train.py) or --source (prepare/) other than the folder's own is refused, naming it."""
+    line naming the file, the checkpoint of iteration 4 kept byte for byte. A --data_source (train.py) or --source
+    (prepare/) other than the folder's own is refused, naming it."""
     tokens_reversed = ("p = '{p}'; s = os.stat(p); b = open(p, 'rb').read(); "
                        "open(p, 'r+b').write(b''.join(b[i:i + 2] for i in range(len(b) - 2, -1, -2)))")
     keep_time = "; os.utime(p, ns=(s.st_atime_ns, s.st_mtime_ns))"

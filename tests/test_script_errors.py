@@ -256,7 +256,8 @@ LATE_CASES = [
      r"hub_heads/config.json has n_embd=32, n_head=3: 32 cannot be split into 3 heads; set its n_head to the one the "
      r"weights were trained with, which divides 32 \(1, 2, 4, 8, 16, 32\), or pass another --init_from$"),
     ('train.py', ['--dataset=shakespeare_char', '--data_source={d}/binary.bin', '--data_dir=N/data', '--out_dir=N/out'],
-     r"--data_source=\S+binary.bin is not UTF-8 text \(byte 0: invalid start byte\); give the path of tiny-shakespeare's"),
+     r"--data_source=\S+binary.bin is not UTF-8 text \(byte 0: invalid start byte\); give the path of "
+     r"tiny-shakespeare's"),
     ('train.py', ['--data_dir={d}/input.txt', '--out_dir=N/out'],
      r"data_dir=\S+input.txt is a file, not a folder; pass --data_dir=DIR of a folder \(made if missing\)"),
     ('train.py', ['--dataset=shakespeare_char', '--data_source={d}/input.txt', '--data_dir={d}/input.txt/chars',
