@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 from prepare.atomic import failure_line, permission_todo, write_atomically, write_text
@@ -213,6 +214,17 @@ class RunDir:
             how, self.interrupted = self.interrupted, None
             print(f"error: interrupted ({how}); {self.kept()}; {self.go_on().removeprefix('then ')}",
                   file=sys.stderr, flush=True)
+        elif threading.current_thread() is threading.main_thread():  # from here to the process's end, a signal
+            signal.signal(signal.SIGINT, self.after_close)            # still says what is kept
+            if 'TORCHELASTIC_RESTART_COUNT' not in os.environ:
+                signal.signal(signal.SIGTERM, self.after_close)
+
+    def after_close(self, signum, frame):
+        """A signal once the run has ended (its files written, its lock released), as the process exits."""
+        how = 'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.master:
+            print(f"error: interrupted ({how}) as the run was exiting; {self.kept()}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
 
 
 def alive(pid):

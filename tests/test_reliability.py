@@ -408,3 +408,13 @@ def test_one_run_per_out_dir_a_stale_lock_is_taken_over_and_ctrl_c_is_one_line(r
     assert rc == 0 and sorted(iter_losses(resumed)) == list(range(saved, end + 1)), resumed[-2000:]
     assert {n: iter_losses(straight)[n] for n in iter_losses(resumed)} == iter_losses(resumed)
     assert not (out / 'run.lock').exists()
+
+
+def test_a_signal_as_the_run_exits_is_one_line_too(tmp_path):
+    """After the run has ended (RunDir.close at exit: the lock released), a SIGTERM or Ctrl-C still ends in one
+    line saying what is kept, with its exit code, not a silent 143."""
+    code = ("import os, signal; from support.rundir import RunDir; "
+            f"run = RunDir({str(tmp_path / 'out')!r}); run.open(); run.close(); os.kill(os.getpid(), signal.SIGTERM)")
+    proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143 and proc.stderr.strip().splitlines()[-1] == (
+        "error: interrupted (SIGTERM) as the run was exiting; this run wrote no checkpoint yet"), proc.stderr
