@@ -34,6 +34,10 @@ class Rotary(nn.Module):
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return (x * self.cos[offset:offset + T] + rotated * self.sin[offset:offset + T]).type_as(x)
 
+    def rotate_halves(self, x, offset=0):  # (B, H, T, 2d): each head's two halves rotated as 2H heads of d, back
+        halves = x.unflatten(-1, (2, -1)).transpose(2, 3).flatten(1, 2)                # (B, 2H, T, d)
+        return self(halves, offset).unflatten(1, (-1, 2)).transpose(2, 3).flatten(3)
+
 
 ROPE_SCALINGS = ('none', 'linear', 'ntk')
 

@@ -137,14 +137,9 @@ class ThresholdDifferentialAttention(Attention):
     def project(self, x, offset=0):
         if not (self.matched and self.rope is not None):
             return super().project(x, offset)
-        # matched: each half of q and k rotated as a head of D/2, so that a view's q̂·k̂ depends on positions
-        # through i - j alone (the frame's rotation at D pairs channel c of one view with channel c of the other)
+        # matched: each half of q and k rotated as a head of D/2, so a view's q̂·k̂ depends on positions by i - j alone
         q, k, v = [split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=2)]
-        return self.rotate_halves(q, offset), self.rotate_halves(k, offset), v
-
-    def rotate_halves(self, x, offset):  # (B, H, T, D): each head's two halves as 2H heads of D/2, rotated, back
-        halves = x.unflatten(-1, (2, -1)).transpose(2, 3).flatten(1, 2)                # (B, 2H, T, D/2)
-        return self.rope(halves, offset).unflatten(1, (-1, 2)).transpose(2, 3).flatten(3)
+        return self.rope.rotate_halves(q, offset), self.rope.rotate_halves(k, offset), v
 
     def split_views(self, tensors, normalise=False):
         """What project returns -> ([q1(, q2)], [k1(, k2)], v), each view's queries and keys unit length where
