@@ -115,6 +115,9 @@ def child(spec, out_fd, environ=None):
         os.environ.clear()
         os.environ.update(environ)
     os.environ.update(spec.get('env', {}))
+    # Ctrl-C raises KeyboardInterrupt, as in a script started from a terminal, also where this server's Python found
+    # SIGINT ignored at its start (the suite started in the background by a shell without job control)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(spec.get('cwd', ROOT))
     sys.path[0] = os.path.dirname(os.path.abspath(spec['argv'][0]))  # as `python script` sets it
     subprocess.run = forking_run
