@@ -7,8 +7,8 @@ $ python train.py
 A config file, then single overrides; an image dataset trains a ViT (augmented on the device):
 $ python train.py config/softmax_vit.py --batch_size=64
 
-DDP on one node (NCCL on CUDA, gloo on CPU):
-$ torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
+DDP on one node (NCCL on CUDA, gloo on CPU), train.py starting torchrun's processes once the settings are checked:
+$ python train.py config/krause_gpt.py --nproc_per_node=8
 """
 import math
 import os
@@ -27,12 +27,12 @@ from support.rundir import RunDir
 from support.checks import check_train_config, one_line_errors
 from support.data import Batches, answer_counts, bits_per_dim
 from model import GPT, GPTConfig, attention_paths, attention_reports
-from support.pretrained import (OWN_STARTS, check_tokens, fine_tune_args, load_base,
-                                load_base_weights)
+from support.pretrained import OWN_STARTS, check_tokens, fine_tune_args, load_base, load_base_weights
 from prepare import (ROOT, check_dataset_dir, check_files, dataset_kind, default_data_dir,
                      prepare_dataset, val_tokens_needed)
 from support.runtime import (all_sum, batch_progress, init_ddp, dataclass_defaults, dataclass_values,
-                             exit_with_error, note_cpu_recipe, peak_flops, precision, wait_for_rank0)
+                             exit_with_error, launch_torchrun, note_cpu_recipe, peak_flops, precision,
+                             wait_for_rank0)
 from vit import ViT, ViTConfig
 
 # -----------------------------------------------------------------------------
@@ -107,6 +107,7 @@ min_lr = 1e-4               # after lr_decay_iters; usually learning_rate / 10
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # or 'cpu', 'cuda:1', 'mps'
 dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float32'
 compile = True              # torch.compile the model (CUDA only)
+nproc_per_node = 1          # DDP: this many processes of this node (a GPU each), under torchrun, started by train.py
 seed = 1337                 # model init, dropout and batches
 # every attention rule's own keys (window, ...) are config keys too, with the rule's defaults
 globals().update(dataclass_defaults(AttentionConfig, globals()))
@@ -117,17 +118,16 @@ config = {k: globals()[k] for k in config_keys}  # will be useful for logging
 # -----------------------------------------------------------------------------
 
 
-def fail(msg):
-    exit_with_error(msg)  # under torchrun: said once, by local rank 0
-
-
 # the run's hold on out_dir (RunDir): Ctrl-C, a failed write or the data gone mid-run end in one
 # line saying what is kept; run.open() makes out_dir and takes its lock, released at exit
 run = RunDir(out_dir, master=int(os.environ.get('RANK', 0)) == 0)
 # every setting is checked before any work: a bad value is one `error:` line naming it and the fix
 set_keys = overridden & set(config_keys)  # what config files and --key=value set (configurator.py)
 with one_line_errors():
-    check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', 1)), set_keys=set_keys, typed=typed)
+    check_train_config(config, world_size=int(os.environ.get('WORLD_SIZE', nproc_per_node)), set_keys=set_keys,
+                       typed=typed)
+if nproc_per_node > 1 and 'RANK' not in os.environ:  # torchrun runs this command as the processes
+    launch_torchrun(nproc_per_node)  # never returns: a process's first `error:` line is said last
 note_cpu_recipe('this config', 'train.py', cpu_recipe, config, show=run.master)  # GPU-sized, on a CPU: one line
 kind = dataset_kind(dataset)  # 'text', 'examples', 'image' (a ViT) or 'pixels' (prepare.DATASETS)
 
@@ -188,8 +188,8 @@ if init_from == 'auto':  # a restarted torchrun worker goes on from the checkpoi
     init_from = 'resume' if os.path.exists(ckpt_path) else 'scratch'
 if init_from == 'resume':
     if not os.path.exists(ckpt_path):
-        fail(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use "
-             f"init_from='scratch'")
+        exit_with_error(f"init_from='resume' but there is no checkpoint at {ckpt_path}; check out_dir or use "
+                        f"init_from='scratch'")
     checkpoint = load_checkpoint(ckpt_path, device, resume=True)
     with one_line_errors():
         if checkpoint.get('base'):  # a fine-tune: its shape is the checkpoint's, as was its base's
@@ -352,8 +352,8 @@ while True:
             if metrics:  # None with eval_only
                 metrics.write(record)
         if not math.isfinite(losses['val']):
-            fail(f"val loss is {losses['val']} at iteration {iter_num}; {run.kept()}; lower "
-                 f"learning_rate or check the data")
+            exit_with_error(f"val loss is {losses['val']} at iteration {iter_num}; {run.kept()}; lower "
+                            f"learning_rate or check the data")
         if losses['val'] < best_val_loss or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter:
@@ -396,8 +396,8 @@ while True:
     if iter_num % log_interval == 0:
         lossf = loss.item() * local_accum_steps  # a CPU-GPU sync point; the last micro-step's loss
         if not math.isfinite(lossf):
-            fail(f"loss is {lossf} at iteration {iter_num}; stopped: {run.kept()}; lower "
-                 f"learning_rate, or raise warmup_iters or grad_clip")
+            exit_with_error(f"loss is {lossf} at iteration {iter_num}; stopped: {run.kept()}; lower "
+                            f"learning_rate, or raise warmup_iters or grad_clip")
         if master_process:
             per_s = samples_per_iter / dt if kind == 'image' else tokens_per_iter / dt
             extra = f", {per_s:,.0f} {'images/s' if kind == 'image' else 'tok/s'}"

@@ -1,7 +1,7 @@
 # AttentionX GPT-2 (124M) on OpenWebText, γ = 3: nanoGPT's recipe (config/softmax_gpt.py, from nanoGPT's
 # config/train_gpt2.py) with y = v - 3·softmax(qkᵀ/√D)v per head, causal, diagonal kept: the paper's nanoGPT run
 # (AttentionX, arXiv 2409.04275, §4.2; docs/rules.md#attentionx), which reports a slightly better validation curve.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/attentionx_gpt.py
+# 8 GPUs:  python train.py config/attentionx_gpt.py --nproc_per_node=8
 # 1 GPU:   python train.py config/attentionx_gpt.py
 # CPU, nanoGPT's baby GPT with it (docs/RESULTS.md#attentionx): cpu_recipe below, which train.py prints when
 # this config runs on a CPU

@@ -1,7 +1,7 @@
 # Cluster attention GPT (this project's rule, docs/rules.md#cluster): nanoGPT's GPT-2 124M recipe on OpenWebText
 # (config/softmax_gpt.py) with attention='cluster'. Each query attends exactly to its own chunk of 64 tokens and to
 # m = 64 cluster summaries (mass, mean key, mean value) of all earlier chunks: 128 entries per query, not up to 1024.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/cluster_gpt.py
+# 8 GPUs:  python train.py config/cluster_gpt.py --nproc_per_node=8
 # CPU, nanoGPT's baby GPT (docs/RESULTS.md#cluster-attention): cpu_recipe below, which train.py prints when this
 # config runs on a CPU
 

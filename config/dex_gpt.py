@@ -6,7 +6,7 @@
 # TDA table. The DEX paper adapts pretrained LLMs instead, and does not publish f_D, λ's schedule or its head choice:
 # this project's choices (a per-head D×D linear f_D from 0, λ learned per head from 0.1, the last 6 heads) are
 # explained in docs/rules.md#dex. Everything else is build-nanogpt's recipe, config/softmax_fineweb.py.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/dex_gpt.py
+# 8 GPUs:  python train.py config/dex_gpt.py --nproc_per_node=8
 # 1 GPU:   python train.py config/dex_gpt.py            (same global batch, 8x the accumulation steps)
 # Softmax on the same setup:   python train.py config/dex_gpt.py --attention=softmax
 

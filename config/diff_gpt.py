@@ -2,7 +2,7 @@
 # - λ softmax(Q2K2ᵀ/√d))V, RMSNorm × (1 - λ_init), λ_init = 0.8 - 0.6·exp(-0.3·l) over depth (Ye et al. 2024,
 # arXiv 2410.05258; docs/rules.md#diff), on the TDA paper's GPT-2-162M setup (config/tda_gpt.py: 12 layers, 12 heads
 # = 6 differential heads, 768 wide, RoPE, untied head, FineWeb-Edu, its recipe). Parameters: softmax's + 384 a layer.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/diff_gpt.py
+# 8 GPUs:  python train.py config/diff_gpt.py --nproc_per_node=8
 # 1 GPU:   python train.py config/diff_gpt.py            (same global batch, 8x the accumulation steps)
 # A constant λ_init (the paper's ablation):  python train.py config/diff_gpt.py --diff_lambda_init=0.8
 

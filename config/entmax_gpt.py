@@ -3,7 +3,7 @@
 # the paper's GPT-2-162M setup, config/tda_gpt.py's (12 layers, 12 heads, 768 wide, RoPE, untied head; FineWeb-Edu
 # sample-10BT; AdamW lr 1e-3 to 1e-4, weight decay 0.1), which this runs with the attention swapped. Nothing is
 # learned beyond softmax's parameters (162.25M).
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/entmax_gpt.py
+# 8 GPUs:  python train.py config/entmax_gpt.py --nproc_per_node=8
 # 1 GPU:   python train.py config/entmax_gpt.py            (same global batch, 8x the accumulation steps)
 # Sparsemax (α = 2, by bisection):  python train.py config/entmax_gpt.py --entmax_alpha=2.0
 

@@ -2,7 +2,7 @@
 # and channel by σ(x W_g) after SDPA, before c_proj (Qiu et al. 2025, arXiv 2505.06708, G1 elementwise;
 # docs/rules.md#gated), on the TDA paper's GPT-2-162M setup (config/tda_gpt.py: 12 layers, 12 heads, 768 wide, RoPE,
 # untied head, FineWeb-Edu, its recipe). The gate adds 7.09M parameters (768² + 768 per layer); headwise 0.11M.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/gated_gpt.py
+# 8 GPUs:  python train.py config/gated_gpt.py --nproc_per_node=8
 # 1 GPU:   python train.py config/gated_gpt.py            (same global batch, 8x the accumulation steps)
 # Headwise (one gate per head):  python train.py config/gated_gpt.py --gated_headwise=True
 

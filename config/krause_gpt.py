@@ -4,7 +4,7 @@
 # LayerNorm (the official language_models_100m code: nn.Linear and nn.LayerNorm at their defaults; only the tied
 # output head has none); every layer mixes a causal softmax branch and a Krause branch (W=32, k=16, σ₀=2.5) through
 # a per-token gate (mix).
-# 8 GPUs:   torchrun --standalone --nproc_per_node=8 train.py config/krause_gpt.py
+# 8 GPUs:   python train.py config/krause_gpt.py --nproc_per_node=8
 # 1 GPU:    python train.py config/krause_gpt.py            (same global batch, 8x the accumulation steps)
 # Pure Krause (no softmax branch):  python train.py config/krause_gpt.py --mix=False
 # Compare with config/softmax_fineweb.py (GPT-2 124M, same data and tokens per step).

@@ -5,7 +5,7 @@
 # W_l keys, the window growing with depth as in the paper's character LM (its Table 4, phase 1: 32 at the bottom
 # layer to 512 at the top), here 32 (Krause's W) to 512 in rounded linear steps: 32, 101, 169, 238, 306, 375, 443,
 # 512. No global tokens (a language model has none) and no dilation.
-# 8 GPUs:   torchrun --standalone --nproc_per_node=8 train.py config/longformer_gpt.py
+# 8 GPUs:   python train.py config/longformer_gpt.py --nproc_per_node=8
 # 1 GPU:    python train.py config/longformer_gpt.py            (same global batch, 8x the accumulation steps)
 # One W in every layer (the "window" row):  python train.py config/longformer_gpt.py --longformer_window_last=0
 

@@ -3,7 +3,7 @@
 # setup, config/tda_gpt.py's (12 layers, 12 heads, 768 wide, RoPE, untied head; FineWeb-Edu sample-10BT; AdamW lr
 # 1e-3 to 1e-4, weight decay 0.1), which this runs with the attention swapped. Beyond softmax's parameters: the
 # gated RMSNorm's g and w, 2 x 768 per layer, +18,432 in all.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/rela_gpt.py
+# 8 GPUs:  python train.py config/rela_gpt.py --nproc_per_node=8
 # 1 GPU:   python train.py config/rela_gpt.py            (same global batch, 8x the accumulation steps)
 
 import os

@@ -5,7 +5,7 @@
 # 6 local heads (the last 32 tokens); a routing query sees the last w = 32 keys of its cluster. C and w are this
 # project's choice: √T clusters as the paper, and w = T/C = 32, the balanced form's cluster size and the Krause and
 # window rows' 32 keys per query.
-# 8 GPUs:   torchrun --standalone --nproc_per_node=8 train.py config/routing_gpt.py
+# 8 GPUs:   python train.py config/routing_gpt.py --nproc_per_node=8
 # 1 GPU:    python train.py config/routing_gpt.py            (same global batch, 8x the accumulation steps)
 
 import os

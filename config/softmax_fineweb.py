@@ -1,7 +1,7 @@
 # GPT-2 (124M) on FineWeb-Edu sample-10BT with softmax attention: build-nanogpt's recipe, the baseline row for
 # the other rules on FineWeb-Edu. One epoch of 10B tokens: 19,073 steps of 524,288 tokens, HellaSwag at every
 # evaluation.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/softmax_fineweb.py
+# 8 GPUs:  python train.py config/softmax_fineweb.py --nproc_per_node=8
 # CPU smoke test on a local sample (PATH.parquet): cpu_recipe below, which train.py prints when this config (or one
 # built on it) runs on a CPU
 

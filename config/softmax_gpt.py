@@ -1,5 +1,5 @@
 # GPT-2 (124M) on OpenWebText with softmax attention: nanoGPT's config/train_gpt2.py, the baseline row.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/softmax_gpt.py
+# 8 GPUs:  python train.py config/softmax_gpt.py --nproc_per_node=8
 # nanoGPT reaches val loss ~2.85 after 600k iterations (about 4 days on 8 A100s).
 
 out_dir = 'out-softmax-gpt'

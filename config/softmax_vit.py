@@ -2,7 +2,7 @@
 # Transformers (arXiv 2602.11534): the official KViT-S recipe with attention='softmax' (docs/rules.md#krause).
 # The paper's CIFAR-10 table reports ViT-B (softmax 92.45%), not this ViT-S: its baseline is its own run.
 # 1 GPU:  python train.py config/softmax_vit.py
-# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/softmax_vit.py
+# 8 GPUs: python train.py config/softmax_vit.py --nproc_per_node=8
 #   --batch_size=32 --gradient_accumulation_steps=8  (32 per GPU x 8 = 256 per iteration)
 # CPU smoke run (a 4-layer, 128-wide ViT for 400 iterations, a few minutes on 2 cores): cpu_recipe below, which
 # train.py prints when this config (or one built on it) runs on a CPU

@@ -2,7 +2,7 @@
 # Synchronization Transformers, arXiv 2602.11534) on the 100-class dataset.
 # The Krause paper's CIFAR-100 table reports ViT-B (softmax 72.28%), not this ViT-S: its baseline is its own run.
 # 1 GPU:  python train.py config/softmax_vit100.py
-# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/softmax_vit100.py
+# 8 GPUs: python train.py config/softmax_vit100.py --nproc_per_node=8
 #   --batch_size=32 --gradient_accumulation_steps=8  (32 per GPU x 8 = 256 per iteration)
 
 import os

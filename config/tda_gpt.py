@@ -3,7 +3,7 @@
 # lr 1e-3 warm-up then cosine to 1e-4, weight decay 0.1; HellaSwag at every evaluation. The paper reports val loss
 # 3.1190 (softmax 3.1196) at 99% exact zeros. Everything else is build-nanogpt's recipe, config/softmax_fineweb.py,
 # which this runs.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/tda_gpt.py
+# 8 GPUs:  python train.py config/tda_gpt.py --nproc_per_node=8
 # 1 GPU:   python train.py config/tda_gpt.py            (same global batch, 8x the accumulation steps)
 # Single-view ablation (TRA):  python train.py config/tda_gpt.py --tda_differential=False
 # Matched form (views = the halves of one q, k per head; softmax's parameters + 792):

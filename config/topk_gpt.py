@@ -4,7 +4,7 @@
 # query's k largest scaled dot products (k = 32) over the whole causal context, and no softmax branch (mix=False).
 # The Krause paper does not say which k its top-k row used; 32 is its Krause window W (Krause keeps 16 of those):
 # try --topk_k=16 for as many keys per query as Krause keeps.
-# 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/topk_gpt.py
+# 8 GPUs:  python train.py config/topk_gpt.py --nproc_per_node=8
 # 1 GPU:   python train.py config/topk_gpt.py            (same global batch, 8x the accumulation steps)
 # Compare with config/krause_gpt.py (--mix=False for pure Krause) and config/softmax_fineweb.py.
 

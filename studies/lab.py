@@ -144,7 +144,8 @@ def every_rule_picks(c):
 LAB_KEYS = {  # train.py's keys the lab sets itself, and where a user sets them instead
     'seed': 'pass --seeds=N,... to the lab', 'out_dir': 'its folder under --out_root',
     'init_from': "a system's base run, or the run it resumes", 'data_source': 'pass --text_source or --cifar_source',
-    'attention': 'a row\'s rule: pick rows with --rows', 'mix': "a row's form: pick rows with --rows"}
+    'attention': 'a row\'s rule: pick rows with --rows', 'mix': "a row's form: pick rows with --rows",
+    'nproc_per_node': "the lab's own --nproc_per_node (or --nodes, --gpus_per_node): it starts the processes"}
 
 
 def check_the_rest(c, name, system_names):

@@ -30,7 +30,8 @@ from support.runtime import DTYPES, check_attention_layers, dataclass_values, ex
 from vit import ViTConfig
 
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
-                'log_interval', 'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs')  # sizes and intervals
+                'log_interval', 'n_layer', 'n_head', 'n_embd', 'recall_keys', 'recall_pairs',
+                'nproc_per_node')  # sizes, intervals and counts
 NOT_NEGATIVE = ('max_iters', 'warmup_iters', 'lr_decay_iters', 'mlp_hidden', 'num_classes', 'min_lr', 'weight_decay',
                 'grad_clip', 'mixup_alpha', 'cutmix_alpha', 'eval_examples')
 GPT2_BPE = ('openwebtext', 'fineweb_edu', 'shakespeare')  # the datasets HellaSwag can score: GPT-2 BPE text
@@ -108,6 +109,10 @@ def check_train_config(config, world_size=1, set_keys=(), typed=()):
         raise ValueError(f"lr_decay_iters={decay} must be greater than warmup_iters={warmup}; pass "
                          f"--lr_decay_iters={max(c['max_iters'], warmup + 1)} (usually max_iters), a smaller "
                          f"--warmup_iters, or --decay_lr=False")
+    started = os.environ.get('LOCAL_WORLD_SIZE')  # torchrun's count of this node's processes
+    if started and c['nproc_per_node'] not in (1, int(started)):
+        raise ValueError(f"nproc_per_node={c['nproc_per_node']}, but torchrun started {started} processes on this "
+                         f"node; under torchrun drop --nproc_per_node (torchrun's own says how many)")
     if c['gradient_accumulation_steps'] % world_size:
         raise ValueError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of the "
                          f"{world_size} processes; pass a multiple of {world_size}")

@@ -7,6 +7,8 @@ import json
 import os
 import shlex
 import signal
+import subprocess
+import sys
 import time
 from ast import literal_eval
 from contextlib import nullcontext, suppress
@@ -86,6 +88,44 @@ def exit_with_error(message):
             with open(error_file, 'w') as f:
                 json.dump({'message': line}, f)
     raise SystemExit(f"error: {message}")
+
+
+def launch_torchrun(nproc):
+    """train.py --nproc_per_node=N: this same command again as N processes of this node under torchrun (DDP), started
+    once the settings are checked here (a bad one is said before any process starts). Their output passes through as
+    it comes, but for the first `error:` line, said last: after torchrun's report, where the eye stops. Exits with
+    torchrun's exit code."""
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', *sys.argv]
+    sys.stdout.flush()
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches torchrun too: it ends the processes
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())  # torchrun ends them, then exits
+    held = pass_through(proc.stderr.fileno(), sys.stderr.buffer)
+    code = proc.wait()
+    sys.stderr.buffer.write(held or b'')
+    raise SystemExit(code)
+
+
+def pass_through(fd, out, hold=b'error: '):
+    """Copy what comes from `fd` to `out` as it comes, but the first line that starts with `hold`: returned instead.
+    A line is kept back only while it may still be that one."""
+    held, line = None, b''
+    for chunk in iter(lambda: os.read(fd, 1 << 16), b''):
+        for piece in chunk.splitlines(keepends=True):
+            line += piece
+            if held is not None or not (line.startswith(hold) or hold.startswith(line)):
+                out.write(line)
+                line = b''
+            elif line.endswith(b'\n'):  # whole, and it started as `hold` does
+                if line.startswith(hold):
+                    held = line
+                else:
+                    out.write(line)
+                line = b''
+        out.flush()
+    out.write(line)
+    out.flush()
+    return held
 
 
 def wait_for_rank0(ddp, rank):
