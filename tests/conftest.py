@@ -66,13 +66,14 @@ def build_layer(attention, T, layer_idx=0, n_head=3, head_dim=8, **keys):
     return build_attention(config, layer_idx).double()
 
 
-def run_script(*args, launcher=None, check=True, timeout=600, cwd=ROOT):
+def run_script(*args, launcher=None, ddp=0, check=True, timeout=600, cwd=ROOT):
     """Run a repo script as `python script args` runs it, on one CPU thread, from the repo root unless cwd says
     otherwise; return its combined output. A .py file is forked from a process that imported torch and this repo's
-    modules once (run_forked): the same run without two seconds of imports. Anything else (`-c`, a launcher such as
-    torchrun, or (sys.executable,) for an interpreter of its own) runs as a subprocess."""
+    modules once (run_forked): the same run without two seconds of imports; ddp=N: as N processes of
+    `torchrun --standalone --nproc_per_node=N`, forked with the variables torchrun sets. Anything else (`-c`, a
+    launcher such as torchrun, or (sys.executable,) for an interpreter of its own) runs as a subprocess."""
     if launcher is None and str(args[0]).endswith('.py'):
-        (code, out), = run_forked({'argv': [str(a) for a in args], 'cwd': str(cwd)}, timeout=timeout)
+        (code, out), = run_forked({'argv': [str(a) for a in args], 'cwd': str(cwd), 'ddp': ddp}, timeout=timeout)
         stdout, stderr = out, ''
     else:
         env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}

@@ -26,6 +26,7 @@ import json
 import os
 import runpy
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -153,21 +154,41 @@ def preload():
 
 
 def run_all(runs, environ=None):
-    """Fork a child per run, one after the other, in `environ` where given: the results, in order."""
+    """Fork a child per run (a run with "ddp": N, N children at once), one run after the other, in `environ` where
+    given: the results, in order."""
     results = []
     for spec in runs:
         start = time.time()
         read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            child(spec, write_fd, environ)  # never returns: the child ends as its script ends
+        pids = [fork_child(spec, read_fd, write_fd, environ, env) for env in ddp_envs(spec.get('ddp', 0))]
         os.close(write_fd)
-        with os.fdopen(read_fd, 'rb') as f:  # until the child's end closes it
+        with os.fdopen(read_fd, 'rb') as f:  # until every child's end closes it
             out = f.read().decode(errors='replace')
-        _, status = os.waitpid(pid, 0)
-        results.append({'rc': os.waitstatus_to_exitcode(status), 'out': out, 'seconds': time.time() - start})
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        results.append({'rc': next((c for c in codes if c), 0), 'out': out, 'seconds': time.time() - start})
     return results
+
+
+def fork_child(spec, read_fd, write_fd, environ, env):
+    """A child running `spec` with `env` added to its environment, its output to write_fd: its pid."""
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        child({**spec, 'env': {**spec.get('env', {}), **env}}, write_fd, environ)  # never returns
+    return pid
+
+
+def ddp_envs(n):
+    """The variables `torchrun --standalone --nproc_per_node=n` gives each of its processes (n = 0: one plain run):
+    DDP's processes without torchrun's own two seconds of imports, for the tests of what the processes compute. A run
+    that fails in one process leaves the others waiting: torchrun's own ending of them is tested through torchrun."""
+    if not n:
+        return [{}]
+    with socket.socket() as s:  # a free port for the processes' rendezvous
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    return [{'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': str(n), 'LOCAL_WORLD_SIZE': str(n), 'GROUP_RANK': '0',
+             'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port)} for r in range(n)]
 
 
 def serve():

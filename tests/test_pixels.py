@@ -64,10 +64,10 @@ def test_mnist_prepared_from_a_parquet_written_here(tmp_path, monkeypatch):
     assert x.shape == (1, 783) and y[0].tolist() == images['test'][1].flatten()[1:].tolist()
 
 
-def eval_full(out_dir, data_dir, launcher=None):
+def eval_full(out_dir, data_dir, ddp=0):
     args = ['train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--init_from=resume',
-            '--eval_only=True', '--eval_full=True', f'--gradient_accumulation_steps={2 if launcher else 1}']
-    log = run_script(*args, **({'launcher': launcher} if launcher else {}))
+            '--eval_only=True', '--eval_full=True', f'--gradient_accumulation_steps={ddp or 1}']
+    log = run_script(*args, ddp=ddp)
     return json.loads((out_dir / 'eval_full.json').read_text()), log
 
 
@@ -88,7 +88,7 @@ def test_bits_per_dim_exact(pixel_dir, tmp_path):
     assert one['targets'] == 5 * 47 and one['examples'] == 5 and 'val bits/dim' in text
     assert one['bits_per_dim'] == pytest.approx(nats / (5 * 47) / math.log(2), rel=1e-6)
     # two gloo processes (batches [0, 1] and [4] on rank 0, [2, 3] on rank 1) count every image once
-    two, _ = eval_full(out, pixel_dir, launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+    two, _ = eval_full(out, pixel_dir, ddp=2)
     assert two['targets'] == one['targets'] and two['bits_per_dim'] == pytest.approx(one['bits_per_dim'], rel=1e-9)
     # a model whose logits are all equal: every subpixel has probability 1/256, exactly 8 bits
     ckpt['model']['lm_head.weight'].zero_()  # tied to the token embedding: the final features meet a zero head

@@ -145,8 +145,7 @@ def test_ddp_two_processes_equal_one_with_augmentation(tiny_cifar, tmp_path):
     common = [*TINY, f'--data_dir={tiny_cifar}', '--max_iters=4', '--eval_interval=4', '--eval_iters=4',
               '--gradient_accumulation_steps=2', '--drop_path=0', '--learning_rate=3e-3']
     one = run_script('train.py', *common, f'--out_dir={tmp_path / "one"}')
-    two = run_script('train.py', *common, f'--out_dir={tmp_path / "two"}',
-                     launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+    two = run_script('train.py', *common, f'--out_dir={tmp_path / "two"}', ddp=2)  # two gloo processes
     pattern = r"^step 4: train loss ([\d.]+), val loss ([\d.]+), val acc ([\d.]+)$"
     a, b = re.search(pattern, one, re.M).groups(), re.search(pattern, two, re.M).groups()
     assert [float(v) for v in a] == pytest.approx([float(v) for v in b], abs=2e-4)
