@@ -239,13 +239,18 @@ class SoftmaxAttention(Attention):
 # -----------------------------------------------------------------------------
 # the flex masks of a model's layers, each layer asked for its own (a model calls it once per forward)
 
-@torch.compiler.disable  # run eagerly, before the compiled graph: a graph cannot see block_mask's cache
 def build_flex_masks(layers, T, device):
     """Each layer's flex_masks for T tokens (attention modules, in order), or None where no layer runs flex. A model
     calls it once per forward and hands each layer its own: built once per shape, whatever the layers and calls."""
     if not any(attn.path_name(device) == 'flex' for attn in layers):
         return None
     return [attn.flex_masks(T, device) if attn.path_name(device) == 'flex' else None for attn in layers]
+
+
+def flex_mask_builder(flex):
+    """build_flex_masks as a model of flex=`flex` calls it: with flex, outside any compiled graph (a graph cannot see
+    block_mask's cache); without, as it is (torch.compiler.disable imports torch._dynamo: 2 s at every start)."""
+    return torch.compiler.disable(build_flex_masks) if flex else build_flex_masks
 
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import Attention, build_flex_masks
+from attention import Attention, flex_mask_builder
 from rules import AttentionConfig, MixAttention, build_attention
 from machinery.caches import CacheGroup
 
@@ -220,6 +220,7 @@ class GPT(nn.Module):
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.build_flex_masks = flex_mask_builder(config.flex)
         init_weights(self, config.n_layer)
         if config.tie_weights:  # https://paperswithcode.com/method/weight-tying
             self.transformer.wte.weight = self.lm_head.weight
@@ -260,7 +261,7 @@ class GPT(nn.Module):
         if self.transformer.wpe is not None:
             x = x + self.transformer.wpe(torch.arange(start, start + t, dtype=torch.long, device=idx.device))
         x = self.transformer.drop(x)
-        masks = build_flex_masks([block.attn for block in self.transformer.h], t, idx.device)  # None off flex
+        masks = self.build_flex_masks([block.attn for block in self.transformer.h], t, idx.device)  # None off flex
         for i, block in enumerate(self.transformer.h):
             x = block(x, None if cache is None else cache.layers[i], None if masks is None else masks[i])
         x = self.transformer.ln_f(x)

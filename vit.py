@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from attention import build_flex_masks
+from attention import flex_mask_builder
 from rules import AttentionConfig
 from model import GPT, Block, LayerNorm, configure_adamw, init_rules
 
@@ -54,6 +54,7 @@ class ViT(nn.Module):
         self.h = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
         self.ln_f = LayerNorm(C, bias=config.bias)
         self.head = nn.Linear(C, config.num_classes, bias=True)
+        self.build_flex_masks = flex_mask_builder(config.flex)
         # the official KViT code's init: PyTorch's defaults for every layer, CLS and positions N(0, 0.02) truncated.
         # At 400 CPU steps it beat the GPT's init (N(0, 0.02), scaled c_proj) by 0.02-0.05 test accuracy (docs/RESULTS.md)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
@@ -70,7 +71,7 @@ class ViT(nn.Module):
         x = self.patch_embed(x).flatten(2).transpose(1, 2)              # (B, g², C)
         x = torch.cat((self.cls_token.expand(x.size(0), -1, -1), x), 1)  # (B, T, C)
         x = self.drop(x + self.pos_embed)
-        masks = build_flex_masks([block.attn for block in self.h], x.size(1), x.device)  # None off flex
+        masks = self.build_flex_masks([block.attn for block in self.h], x.size(1), x.device)  # None off flex
         for i, block in enumerate(self.h):
             x = block(x, None, None if masks is None else masks[i])
         logits = self.head(self.ln_f(x[:, 0]))                          # (B, num_classes), from the CLS token
