@@ -53,13 +53,40 @@ def test_resume_continues_exactly(kind, recall_dir, text_dir, tmp_path):
     assert {i: straight[i] for i in resumed} == resumed
 
 
-def test_ddp_two_processes_equal_one(recall_dir, tmp_path):
-    common = [*TINY, f'--data_dir={recall_dir}', '--max_iters=6', '--eval_interval=6', '--eval_iters=4',
-              '--gradient_accumulation_steps=2', '--learning_rate=3e-3']
-    one = run_script('train.py', *common, f'--out_dir={tmp_path / "one"}')
-    two = run_script('train.py', *common, f'--out_dir={tmp_path / "two"}',
-                     launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
-    a, b = eval_lines(one), eval_lines(two)
+DDP = [*TINY, '--max_iters=6', '--eval_interval=6', '--eval_iters=4', '--learning_rate=3e-3']
+
+
+def mfu_wrapper(folder):
+    """train.py as a script that also prints each logged MFU computed at dt = 1 s, with a peak set (a CPU has none)."""
+    wrapper = folder / 'mfu_at_one_second.py'
+    wrapper.write_text(
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import model, support.runtime\n"
+        "support.runtime.peak_flops = lambda device: 1e12\n"
+        "estimate = model.GPT.estimate_mfu\n"
+        "def logged(self, fwdbwd_per_iter, dt, peak):\n"
+        "    print(f'mfu at 1 s: {estimate(self, fwdbwd_per_iter, 1.0, peak):.6e}')\n"
+        "    return estimate(self, fwdbwd_per_iter, dt, peak)\n"
+        "model.GPT.estimate_mfu = logged\n"
+        f"sys.argv = ['train.py', *sys.argv[1:]]\n"
+        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n")
+    return wrapper
+
+
+@pytest.fixture(scope='module')
+def two_processes(recall_dir, tmp_path_factory):
+    """One torchrun launch of 2 gloo processes, read by the DDP and the MFU tests: train.py through mfu_wrapper (its
+    training untouched), a global accumulation of 2 micro-batches: one per process."""
+    folder = tmp_path_factory.mktemp('ddp')
+    return run_script(mfu_wrapper(folder), *DDP, f'--data_dir={recall_dir}', '--gradient_accumulation_steps=2',
+                      f'--out_dir={folder / "two"}', launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+
+
+def test_ddp_two_processes_equal_one(recall_dir, two_processes, tmp_path):
+    one = run_script('train.py', *DDP, f'--data_dir={recall_dir}', '--gradient_accumulation_steps=2',
+                     f'--out_dir={tmp_path / "one"}')
+    a, b = eval_lines(one), eval_lines(two_processes)
     assert [n for n, *_ in a] == ['0', '6'] and [n for n, *_ in b] == ['0', '6']
     for (_, *x), (_, *y) in zip(a, b):
         assert [float(v) for v in x] == pytest.approx([float(v) for v in y], abs=2e-4)
@@ -210,28 +237,13 @@ def test_fineweb_trains_offline_with_hellaswag(tmp_path):
     assert len(scores) == 2 and all(float(s) * 8 == round(float(s) * 8) for s in scores)  # k of 8 rows
 
 
-def test_mfu_counts_each_process_own_work(recall_dir, tmp_path):
+def test_mfu_counts_each_process_own_work(recall_dir, two_processes, tmp_path):
     """MFU is this process's FLOPs over its time and its GPU's peak: 2 gloo processes with one micro-batch each
     report the MFU of 1 process with one micro-batch (it was world_size times too high: the global accumulation
     count was passed). A CPU has no peak, so the run's peak is set, and each MFU is computed at dt = 1 s."""
-    wrapper = tmp_path / 'mfu_at_one_second.py'
-    wrapper.write_text(
-        "import runpy, sys\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "import model, support.runtime\n"
-        "support.runtime.peak_flops = lambda device: 1e12\n"
-        "estimate = model.GPT.estimate_mfu\n"
-        "def logged(self, fwdbwd_per_iter, dt, peak):\n"
-        "    print(f'mfu at 1 s: {estimate(self, fwdbwd_per_iter, 1.0, peak):.6e}')\n"
-        "    return estimate(self, fwdbwd_per_iter, dt, peak)\n"
-        "model.GPT.estimate_mfu = logged\n"
-        f"sys.argv = ['train.py', *sys.argv[1:]]\n"
-        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n")
-    common = [*TINY, f'--data_dir={recall_dir}', '--max_iters=6', '--eval_interval=6', '--eval_iters=2']
-    one = run_script(wrapper, *common, '--gradient_accumulation_steps=1', f'--out_dir={tmp_path / "one"}')
-    two = run_script(wrapper, *common, '--gradient_accumulation_steps=2', f'--out_dir={tmp_path / "two"}',
-                     launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
-    mfu_one, mfu_two = (re.findall(r"^mfu at 1 s: (\S+)$", log, re.M) for log in (one, two))
+    one = run_script(mfu_wrapper(tmp_path), *DDP, f'--data_dir={recall_dir}', '--gradient_accumulation_steps=1',
+                     f'--out_dir={tmp_path / "one"}')
+    mfu_one, mfu_two = (re.findall(r"^mfu at 1 s: (\S+)$", log, re.M) for log in (one, two_processes))
     assert mfu_one and mfu_one == mfu_two  # iterations 5 and 6 (MFU is logged once the loop has settled)
     assert float(mfu_one[0]) > 0
 
