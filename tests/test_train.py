@@ -76,11 +76,11 @@ def mfu_wrapper(folder):
 
 @pytest.fixture(scope='module')
 def two_processes(recall_dir, tmp_path_factory):
-    """One torchrun launch of 2 gloo processes, read by the DDP and the MFU tests: train.py through mfu_wrapper (its
-    training untouched), a global accumulation of 2 micro-batches: one per process."""
+    """One run of 2 gloo processes (forked as torchrun starts them), read by the DDP and the MFU tests: train.py
+    through mfu_wrapper (its training untouched), a global accumulation of 2 micro-batches: one per process."""
     folder = tmp_path_factory.mktemp('ddp')
     return run_script(mfu_wrapper(folder), *DDP, f'--data_dir={recall_dir}', '--gradient_accumulation_steps=2',
-                      f'--out_dir={folder / "two"}', launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
+                      f'--out_dir={folder / "two"}', ddp=2)
 
 
 def test_ddp_two_processes_equal_one(recall_dir, two_processes, tmp_path):
@@ -93,19 +93,11 @@ def test_ddp_two_processes_equal_one(recall_dir, two_processes, tmp_path):
     assert float(a[1][2]) < float(a[0][2]) - 0.1  # it trained
 
 
-@pytest.mark.parametrize('case', ['bad key', 'rank 0 stops preparing the data'])
-def test_torchrun_says_an_error_once_first(case, tmp_path):
-    """Under torchrun a bad key, which every process meets, and a folder of another dataset, which rank 0 meets while
-    the others wait for it, are each said once, by rank 0, before torchrun's own report, whose root cause names it;
-    the other process says nothing (no gloo traceback), and torchrun ends it."""
-    if case == 'bad key':
-        args, said = ['--bad_key=1'], "error: unknown key 'bad_key' in --bad_key; valid keys: "
-    else:
-        (tmp_path / 'data').mkdir()
-        (tmp_path / 'data' / 'meta.json').write_text('{"dataset": "recall", "kind": "examples"}')
-        args = ['--dataset=shakespeare_char', f'--data_dir={tmp_path / "data"}', '--gradient_accumulation_steps=2']
-        said = f"error: {tmp_path / 'data'} holds the dataset 'recall', not 'shakespeare_char': "
-    out = run_script('train.py', *args, f'--out_dir={tmp_path / "out"}', check=False,
+def test_torchrun_says_an_error_once_first(tmp_path):
+    """Under torchrun a bad key, which every process meets, is said once, by rank 0, before torchrun's own report,
+    whose root cause names it; the other process says nothing, and torchrun ends it."""
+    said = "error: unknown key 'bad_key' in --bad_key; valid keys: "
+    out = run_script('train.py', '--bad_key=1', f'--out_dir={tmp_path / "out"}', check=False,
                      launcher=('torchrun', '--standalone', '--nproc_per_node=2'))
     ours = [line for line in out.splitlines() if not re.match(r'[WEI]\d{4} \d\d:\d\d', line)]  # not torchrun's logs
     ours = [line for line in ours if not line.startswith(('Overriding', 'tokens per iteration'))]
@@ -114,6 +106,27 @@ def test_torchrun_says_an_error_once_first(case, tmp_path):
     assert ours[1] == 'Traceback (most recent call last):' and 'rank1' not in out  # torchrun's, not a process's
     assert re.search(r"(?m)^Root Cause \(first observed failure\):\n\[0\]:\n(  .*\n)*  rank      : 0 .*\n(  .*\n)*"
                      rf"  traceback : {re.escape(ours[0])}$", out), out
+
+
+def test_nproc_per_node_checks_first_and_says_a_process_error_last(tmp_path):
+    """train.py --nproc_per_node=2: a setting two processes cannot run is said before torchrun starts any; an error a
+    process meets (rank 0, a folder of another dataset, while rank 1 waits for it) is said once, as the last line,
+    after torchrun's report, whose root cause names it; the other process says nothing; the exit code is torchrun's."""
+    (code, out), = run_forked({'argv': ['train.py', *TINY, '--nproc_per_node=2', '--gradient_accumulation_steps=3',
+                                        f'--out_dir={tmp_path / "a"}']})
+    assert code == 1 and out.strip().splitlines()[-1] == ("error: gradient_accumulation_steps=3 must be a multiple of "
+                                                           "the 2 processes; pass a multiple of 2"), out
+    assert 'Traceback' not in out  # no torchrun (its report opens with one)
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'meta.json').write_text('{"dataset": "recall", "kind": "examples"}')
+    (code, out), = run_forked({'argv': ['train.py', *TINY, '--nproc_per_node=2', '--dataset=shakespeare_char',
+                                        f'--data_dir={tmp_path / "data"}', '--gradient_accumulation_steps=2',
+                                        f'--out_dir={tmp_path / "b"}']})
+    said, lines = f"error: {tmp_path / 'data'} holds the dataset 'recall', not 'shakespeare_char': ", out.splitlines()
+    assert code == 1 and lines[-1].startswith(said), out
+    assert [line for line in lines if line.startswith('error:')] == [lines[-1]] and 'rank1' not in out
+    assert re.search(r"(?m)^Root Cause \(first observed failure\):\n\[0\]:\n(  .*\n)*  rank      : 0 .*\n(  .*\n)*"
+                     rf"  traceback : {re.escape(lines[-1])}\n=+\n{re.escape(lines[-1])}$", out), out
 
 
 def test_a_process_that_alone_meets_an_error_says_it_after_the_wait(tmp_path, monkeypatch):
