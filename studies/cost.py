@@ -12,6 +12,7 @@ its training FLOPs and the GPU-hours they take at a stated MFU on a named GPU. N
   GPU-hours     FLOPs / (MFU · the GPU's dense bf16 peak, support/runtime.PEAK_FLOPS) / 3600; scoring is left out
 """
 import contextlib
+import functools
 import io
 import json
 import os
@@ -38,8 +39,13 @@ def train_settings(args):
     """{key: value} train.py runs with for `args` (its command-line arguments): its defaults block, then
     configurator.py on the arguments, without running train.py. SystemExit with train.py's error: line for a bad
     argument."""
-    source = open(ROOT / 'train.py').read()
-    defaults = source[source.index('# default config values'):source.index('config_keys = ')]
+    settings = resolved_settings(tuple(args))
+    return {**settings, 'overridden': list(settings['overridden'])}  # the caller's own copy
+
+
+@functools.lru_cache(maxsize=None)  # a lab resolves each run's arguments many times (its folder, its recipe, its cost)
+def resolved_settings(args):
+    defaults, configurator = settings_code()
     scope = {'torch': torch, 'AttentionConfig': AttentionConfig, 'dataclass_defaults': dataclass_defaults}
     exec(defaults, scope)
     keys = [k for k, v in scope.items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
@@ -47,10 +53,18 @@ def train_settings(args):
     saved, sys.argv = sys.argv, ['train.py', *argv]
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its "Overriding ..." lines
-            exec(open(ROOT / 'configurator.py').read(), scope)
+            exec(configurator, scope)
     finally:
         sys.argv = saved
     return {**{k: scope[k] for k in keys}, 'overridden': scope['overridden']}
+
+
+@functools.lru_cache(maxsize=None)
+def settings_code():
+    """train.py's defaults block and configurator.py, compiled once."""
+    source = open(ROOT / 'train.py').read()
+    defaults = source[source.index('# default config values'):source.index('config_keys = ')]
+    return compile(defaults, '<string>', 'exec'), compile(open(ROOT / 'configurator.py').read(), '<string>', 'exec')
 
 
 def data_sizes(config):
@@ -114,13 +128,19 @@ def run_cost(args, base_model_args=None):
     (the module's docstring); base_model_args: the shape of a base it fine-tunes that is not trained yet."""
     config = train_settings(args)
     Model, ModelConfig, arguments = model_args(config, base_model_args)
-    model = built(Model, ModelConfig, arguments)
-    params, T = sum(p.numel() for p in model.parameters()), model.config.block_size
+    params, T, n_layer, attention = model_cost(Model, ModelConfig, json.dumps(arguments, sort_keys=True))
     tokens = config['max_iters'] * config['gradient_accumulation_steps'] * config['batch_size'] * T
-    attention = ideal_attention_flops(model, T)
-    flops = 6 * params * tokens + 3 * model.config.n_layer * (attention or 0) * tokens
+    flops = 6 * params * tokens + 3 * n_layer * (attention or 0) * tokens
     return {'params': params, 'tokens': tokens, 'T': T, 'flops': flops, 'attention_flops': attention,
             'model_args': arguments, 'config': config}
+
+
+@functools.lru_cache(maxsize=None)  # a model built once per shape: the seeds and tables that share one
+def model_cost(Model, ModelConfig, arguments):
+    """(parameters, T, layers, ideal attention FLOPs per token and layer) of the model of `arguments` (JSON)."""
+    model = built(Model, ModelConfig, json.loads(arguments))
+    T = model.config.block_size
+    return sum(p.numel() for p in model.parameters()), T, model.config.n_layer, ideal_attention_flops(model, T)
 
 
 def gpu_hours(flops, gpu, mfu):

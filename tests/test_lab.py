@@ -27,6 +27,17 @@ from model import GPT, GPTConfig
 from studies.tables import TABLES
 
 TINY = ['--budget=tiny', '--systems=recall,passkey', '--rows=softmax,krause']
+NO_MATPLOTLIB = ['', '', 0, "import sys; sys.modules['matplotlib'] = None"]  # before the lab starts: as not installed
+
+
+def ablate(*args, figures=False, check=True):
+    """studies/ablate.py with `args`, forked as run_script runs it: its output. Its figures (seconds a table) only
+    where a test asks for them: without, matplotlib is hidden from it, as where it is not installed."""
+    (code, out), = run_forked({'argv': ['studies/ablate.py', *args], 'fault': None if figures else NO_MATPLOTLIB},
+                              timeout=600)
+    if check and code != 0:
+        raise AssertionError(f"studies/ablate.py {args} failed ({code}):\n{out[-3000:]}")
+    return out
 
 
 def metrics(out_root):
@@ -46,7 +57,7 @@ def run_folder(out_root, system, row, seed=1337):
 
 def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(tmp_path):
     whole, checkout = tmp_path / 'whole', checkout_files()
-    out = run_script('studies/ablate.py', *TINY, f'--out_root={whole}')
+    out = ablate(*TINY, f'--out_root={whole}')
     assert sorted((whole / 'data').iterdir()) == [whole / 'data' / 'passkey', whole / 'data' / 'recall']  # tiny's own
     cells, table = metrics(whole)
     assert len(cells) == 4 and all(c['status'] == 'ok' for r in table['rows'].values() for c in r.values()), out
@@ -59,7 +70,7 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
 
     # again: nothing is trained or scored (no file of any run is touched), and the same table is written
     stamps = {p: p.stat().st_mtime_ns for p in whole.rglob('*') if p.is_file() and p.parent != whole}
-    run_script('studies/ablate.py', *TINY, f'--out_root={whole}')
+    ablate(*TINY, f'--out_root={whole}')
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert (whole / 'table.md').read_text() == text
 
@@ -82,8 +93,10 @@ def test_tiny_table_trains_once_and_a_killed_table_goes_on_to_the_same_numbers(t
     assert len(said) == 1, said
     assert said[0].startswith(f"error: interrupted (SIGTERM); the finished runs are kept in {killed}"), said
     assert 'iter 5:' in second.read_text() and not (killed / 'recall' / 'krause-s1337' / 'cell.json').exists()
-    out = run_script('studies/ablate.py', *TINY, f'--out_root={killed}')
+    out = ablate(*TINY, f'--out_root={killed}', figures=True)
     assert metrics(killed)[0] == cells, out
+    figures = re.findall(r"\]\(([\w.]+\.png)\)", (killed / 'table.md').read_text())  # each metric's, the curves
+    assert len(figures) == 6 and all((killed / name).is_file() for name in figures), out
     assert checkout_files() == checkout  # nothing written in the checkout: the data too in out_root
 
 
@@ -98,8 +111,8 @@ def test_a_rule_a_reader_adds_is_a_row_and_a_failed_run_keeps_its_error_line(tmp
     shutil.copy(ROOT / 'tests' / 'faults.py', repo / 'tests')
     out_root = tmp_path / 'lab'
     (_, out), = run_forked({'argv': ['studies/ablate.py', '--budget=tiny', '--systems=recall,vit',
-                                     '--rows=uniform,krause', '--recipe=--krause_topk=0', f'--out_root={out_root}']},
-                           root=repo)
+                                     '--rows=uniform,krause', '--recipe=--krause_topk=0', f'--out_root={out_root}'],
+                            'fault': NO_MATPLOTLIB}, root=repo)
     cells, table = metrics(out_root)
     assert 0.0 <= cells[('uniform', 'recall')]['1337']['val_acc'] <= 1.0, out
     rows = table['rows']
@@ -127,19 +140,19 @@ def test_a_cell_of_two_seeds_is_the_mean_and_the_sample_standard_deviation():
 # the papers' tables (--table): equal terms, each cell's parameters and FLOPs, seeds and what holds
 
 
-def tiny_text_table(tmp_path, name, row_names):
+def tiny_text_table(tmp_path, name, row_names, figures=False):
     """(out_root, table.json's rows, the output) of table `name`'s text system at the tiny budget, on a text the test
-    writes."""
+    writes; its figures where `figures`."""
     source = tmp_path / 'input.txt'
     source.write_text(''.join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', f'--table={name}', '--systems=text', f'--rows={row_names}', '--budget=tiny',
-                     f'--text_source={source}', f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}')
+    out = ablate(f'--table={name}', '--systems=text', f'--rows={row_names}', '--budget=tiny', f'--text_source={source}',
+                 f'--recipe=--data_dir={tmp_path / "chars"}', f'--out_root={lab}', figures=figures)
     return lab, json.loads((lab / name / 'table.json').read_text())['rows'], out
 
 
 def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_model(tmp_path):
-    lab, rows, out = tiny_text_table(tmp_path, 'tda', 'tda')  # one row: run beside the table's first, softmax
+    lab, rows, out = tiny_text_table(tmp_path, 'tda', 'tda', figures=True)  # one row: beside the first, softmax
     assert list(rows) == ['softmax', 'tda'] and all(r['text']['status'] == 'ok' for r in rows.values()), out
     shapes, params = {}, {}
     for row in rows:
@@ -169,6 +182,8 @@ def test_a_tables_rows_share_positions_and_shape_and_each_cell_counts_its_own_mo
     assert "Every row: `config/shakespeare_char.py" in text and "--pos_emb=rope`, then its own arguments." in text
     assert f"| tda | `--attention=tda --tda_beta=0.5` | {tda['val_loss']:.4f} | {tda['sparsity']:.3f} |" in text
     assert "**text**, val loss (lower is better), against softmax, paired by seed: one seed, no interval: tda." in text
+    figures = re.findall(r"\]\(([\w.]+\.png)\)", text)  # each metric's, the paired differences beside, the curves
+    assert len(figures) == 4 and all((lab / 'tda' / name).is_file() for name in figures), text
 
     # another row on its own: softmax's run is reused (none of its files touched), the new row trained beside it
     softmax = lab / rows['softmax']['text']['seeds']['1337']['run']
@@ -423,8 +438,7 @@ def test_the_long_system_extends_its_base_to_four_times_its_length_with_ntk_rope
     """The tda table's long system: a base trained on passkeys of 1, 2 and 4 needles at T, then from its checkpoint
     at 4T with NTK-scaled RoPE; its cell is extrapolate.py's whole-passkey accuracy at 4T per needle count."""
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=tda', '--systems=long', '--rows=softmax', '--budget=tiny',
-                     f'--out_root={lab}')
+    out = ablate('--table=tda', '--systems=long', '--rows=softmax', '--budget=tiny', f'--out_root={lab}')
     table = json.loads((lab / 'tda' / 'table.json').read_text())
     assert table['rows']['softmax']['long']['status'] == 'ok', out
     base, extended = (torch.load(run_folder(lab, system, 'softmax') / 'ckpt.pt', map_location='cpu',
@@ -456,11 +470,11 @@ def test_a_tables_zero_shot_task_is_a_column_scored_by_the_harness(tmp_path):
     source.write_text((SHARED / 'tinyshakespeare' / 'input.txt').read_text()[:20000])
     rows.write_text(''.join((SHARED / 'hellaswag' / 'hellaswag_val_1000.jsonl').read_text().splitlines(True)[:6]))
     lab = tmp_path / 'lab'
-    out = run_script('studies/ablate.py', '--table=tda', '--systems=text', '--rows=softmax', '--budget=tiny',
-                     f'--text_source={source}', f'--out_root={lab}', '--tasks=hellaswag_nanogpt',
-                     f'--recipe=--dataset=shakespeare --block_size=256 --data_dir={tmp_path / "bpe"}'  # uncropped
-                     ' --max_iters=2 --lr_decay_iters=2 --warmup_iters=1 --eval_interval=2 --batch_size=2',  # any model
-                     f'--harness_args=--hellaswag_source={rows}')
+    out = ablate('--table=tda', '--systems=text', '--rows=softmax', '--budget=tiny', f'--text_source={source}',
+                 f'--out_root={lab}', '--tasks=hellaswag_nanogpt',
+                 f'--recipe=--dataset=shakespeare --block_size=256 --data_dir={tmp_path / "bpe"}'  # uncropped
+                 ' --max_iters=2 --lr_decay_iters=2 --warmup_iters=1 --eval_interval=2 --batch_size=2',  # any model
+                 f'--harness_args=--hellaswag_source={rows}')
     cell = json.loads((lab / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
     assert cell['status'] == 'ok', out
     model, enc, right = load_run(lab / cell['seeds']['1337']['run']).model, tiktoken.get_encoding('gpt2'), 0

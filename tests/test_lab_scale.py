@@ -8,7 +8,9 @@ import re
 import pytest
 
 from conftest import checkout_files, run_script
-from test_lab import tiny_text_table
+from test_lab import ablate, tiny_text_table
+
+RECALL_PAIR = ['--budget=tiny', '--systems=recall', '--rows=softmax,krause']  # two cells, each a run
 
 
 def launches(out_root):
@@ -17,20 +19,10 @@ def launches(out_root):
     return sum(log.read_text().count('tokens per iteration will be') for log in out_root.glob('runs/*/*/train.log'))
 
 
-def test_two_tables_that_share_a_run_train_it_once(tmp_path):
-    lab, first, _ = tiny_text_table(tmp_path, 'attentionx', 'softmax')
-    _, second, out = tiny_text_table(tmp_path, 'cluster', 'softmax')  # the same softmax GPT: arguments, data, seed
-    assert launches(lab) == 1, out  # trained for attentionx, scored for both
-    mine, theirs = (rows['softmax']['text']['seeds']['1337'] for rows in (second, first))
-    assert mine['run'] == theirs['run'] and (lab / mine['run'] / 'ckpt.pt').exists()
-    assert mine['trained_for'] == theirs['trained_for'] == 'attentionx'
-    assert mine['metrics']['val_loss'] == theirs['metrics']['val_loss']  # one model, scored twice the same way
-    assert json.loads((lab / mine['run'] / 'run.json').read_text())['trained_for'] == 'attentionx'
-    assert ("Trained once for another table and reused here (its folder: table.json's `run`): softmax (attentionx)."
-            in (lab / 'cluster' / 'table.md').read_text())
-
-
-def test_the_dry_run_says_each_runs_cost_and_the_tables_sum_and_trains_nothing(tmp_path):
+def test_two_tables_that_share_a_run_train_it_once_and_the_dry_run_between_prices_what_is_left(tmp_path):
+    """The softmax GPT of attentionx and cluster (the same arguments, data and seed): the dry run of cluster after
+    attentionx says each run's cost and the table's sum, the shared run done, and trains nothing; cluster then
+    trains nothing for that row and scores the run attentionx trained."""
     lab, first, _ = tiny_text_table(tmp_path, 'attentionx', 'softmax')
     trained = first['softmax']['text']['seeds']['1337']
     out = run_script('studies/ablate.py', '--table=cluster', '--systems=text', '--budget=tiny', '--dry_run=True',
@@ -54,6 +46,16 @@ def test_the_dry_run_says_each_runs_cost_and_the_tables_sum_and_trains_nothing(t
     assert f"; data --text_source={tmp_path / 'input.txt'} (text: in place of shakespeare_char)" in out.splitlines()[
         [line.startswith('dry run:') for line in out.splitlines()].index(True)]  # a local source named, not hidden
 
+    _, second, out = tiny_text_table(tmp_path, 'cluster', 'softmax')  # the same softmax GPT: arguments, data, seed
+    assert launches(lab) == 1, out  # trained for attentionx, scored for both
+    mine, theirs = (rows['softmax']['text']['seeds']['1337'] for rows in (second, first))
+    assert mine['run'] == theirs['run'] and (lab / mine['run'] / 'ckpt.pt').exists()
+    assert mine['trained_for'] == theirs['trained_for'] == 'attentionx'
+    assert mine['metrics']['val_loss'] == theirs['metrics']['val_loss']  # one model, scored twice the same way
+    assert json.loads((lab / mine['run'] / 'run.json').read_text())['trained_for'] == 'attentionx'
+    assert ("Trained once for another table and reused here (its folder: table.json's `run`): softmax (attentionx)."
+            in (lab / 'cluster' / 'table.md').read_text())
+
 
 def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
     """--nproc_per_node=2: each run trained by two gloo processes (train.py's DDP: each takes half of a step's
@@ -72,8 +74,8 @@ def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
         "error: text softmax at budget tiny: 3 processes (--nproc_per_node=3) cannot share a step of "
         "gradient_accumulation_steps=1 × batch_size=8 (no 3-way cut of the batch); pass a count of processes that "
         "shares it: 2 or 4"] and not (tmp_path / 'refused').exists()
-    run_script(*common, f'--out_root={tmp_path / "serial"}')
-    ddp = run_script(*common, f'--out_root={tmp_path / "ddp"}', '--nproc_per_node=2')
+    ablate(*common[1:], f'--out_root={tmp_path / "serial"}')
+    ddp = ablate(*common[1:], f'--out_root={tmp_path / "ddp"}', '--nproc_per_node=2')
     one, two = (json.loads((tmp_path / name / 'tda' / 'table.json').read_text())['rows']['softmax']['text']
                 for name in ('serial', 'ddp'))
     assert one['status'] == two['status'] == 'ok', ddp
@@ -85,30 +87,41 @@ def test_a_table_under_torchrun_gives_the_serial_tables_cells(tmp_path):
     assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a), (a, b)
 
 
-def test_cells_side_by_side_give_the_serial_tables_cells(tmp_path):
+def recall_metrics(out_root):
+    """{row: seed 1337's metrics} of the recall table in out_root (RECALL_PAIR's), and its rows."""
+    rows = json.loads((out_root / 'table.json').read_text())['rows']
+    return {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}, rows
+
+
+@pytest.fixture(scope='module')
+def serial_cells(tmp_path_factory):
+    """RECALL_PAIR's cells trained one after the other: what the cells side by side and as jobs are compared with
+    (trained once for both), nothing written in the checkout."""
+    checkout, out_root = checkout_files(), tmp_path_factory.mktemp('serial')
+    out = ablate(*RECALL_PAIR, f'--out_root={out_root}')
+    metrics, rows = recall_metrics(out_root)
+    assert all(r['recall']['status'] == 'ok' for r in rows.values()) and checkout_files() == checkout, out
+    return metrics
+
+
+def test_cells_side_by_side_give_the_serial_tables_cells(tmp_path, serial_cells):
     """--cells_at_once=2: two runs at once, each its own process (on a GPU node, its own GPU; here --cells_on_cpu
     lets them share the CPU), the same cells as one after the other."""
-    common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax,krause']
     checkout = checkout_files()
-    run_script(*common, f'--out_root={tmp_path / "serial"}')
-    out = run_script(*common, f'--out_root={tmp_path / "two"}', '--cells_at_once=2', '--cells_on_cpu=True')
-    one, two = (json.loads((tmp_path / name / 'table.json').read_text())['rows'] for name in ('serial', 'two'))
-    metrics = lambda rows: {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}
-    assert metrics(one) == metrics(two) and all(r['recall']['status'] == 'ok' for r in two.values()), out
+    out = ablate(*RECALL_PAIR, f'--out_root={tmp_path / "two"}', '--cells_at_once=2', '--cells_on_cpu=True')
+    metrics, two = recall_metrics(tmp_path / 'two')
+    assert metrics == serial_cells and all(r['recall']['status'] == 'ok' for r in two.values()), out
     assert launches(tmp_path / 'two') == 2 and checkout_files() == checkout  # the data too under out_root
 
 
-def test_cells_as_local_jobs_give_the_serial_tables_cells(tmp_path):
+def test_cells_as_local_jobs_give_the_serial_tables_cells(tmp_path, serial_cells):
     """--launcher=submitit_local: each run one submitit job on this machine (two cells, two jobs at once), the cells
     of the runs one after the other."""
     pytest.importorskip('submitit', reason="submitit (requirements-extras.txt) runs the lab's jobs")
-    common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax,krause']
     checkout = checkout_files()
-    run_script(*common, f'--out_root={tmp_path / "serial"}')
-    out = run_script(*common, f'--out_root={tmp_path / "jobs"}', '--launcher=submitit_local')
-    one, two = (json.loads((tmp_path / name / 'table.json').read_text())['rows'] for name in ('serial', 'jobs'))
-    metrics = lambda rows: {row: rows[row]['recall']['seeds']['1337']['metrics'] for row in rows}
-    assert metrics(one) == metrics(two) and all(r['recall']['status'] == 'ok' for r in two.values()), out
+    out = ablate(*RECALL_PAIR, f'--out_root={tmp_path / "jobs"}', '--launcher=submitit_local')
+    metrics, two = recall_metrics(tmp_path / 'jobs')
+    assert metrics == serial_cells and all(r['recall']['status'] == 'ok' for r in two.values()), out
     assert launches(tmp_path / 'jobs') == 2 and len(list((tmp_path / 'jobs' / 'jobs').glob('*_submitted.pkl'))) == 2
     assert checkout_files() == checkout
 
@@ -200,20 +213,20 @@ def test_a_world_that_cannot_share_a_step_is_refused_before_any_job_and_a_jobs_c
 def test_a_run_the_code_no_longer_trains_alike_is_flagged_and_trained_again_unless_reused(tmp_path):
     """run.json keeps the commit and a hash of the code that trains a run: a kept run of other code is flagged in
     the dry run, reused only with --reuse_stale=True (its table says so), else set aside (kept) and trained again."""
-    common = ['studies/ablate.py', '--budget=tiny', '--systems=recall', '--rows=softmax', f'--out_root={tmp_path}']
-    run_script(*common)
+    common = ['--budget=tiny', '--systems=recall', '--rows=softmax', f'--out_root={tmp_path}']
+    ablate(*common)
     folder, = (tmp_path / 'runs' / 'recall').iterdir()
     made = json.loads((folder / 'run.json').read_text())
     assert len(made['code']) == 12 and made['commit']
     (folder / 'run.json').write_text(json.dumps({**made, 'code': 'older', 'commit': 'abc1234'}))  # another code's
-    dry = run_script(*common, '--dry_run=True')
+    dry = ablate(*common, '--dry_run=True')
     assert (f"[to train (trained at abc1234, the code now {made['commit']}: the kept run set aside, or "
             f"--reuse_stale=True)] runs/recall/{folder.name}") in dry
-    reused = run_script(*common, '--reuse_stale=True')
+    reused = ablate(*common, '--reuse_stale=True')
     assert launches(tmp_path) == 1, reused
     assert (f"Trained by other code and reused as asked (--reuse_stale=True): softmax (trained at abc1234, the code "
             f"now {made['commit']}).") in (tmp_path / 'table.md').read_text()
-    run_script(*common)
+    ablate(*common)
     aside = folder.parent / f'{folder.name}-code-older'
     assert (aside / 'ckpt.pt').exists() and (folder / 'trained.json').exists() and launches(tmp_path) == 2
     assert json.loads((folder / 'run.json').read_text())['code'] == made['code']
