@@ -10,8 +10,8 @@ error, registers, spilled bytes, shared memory, blocks per SM, and the longest l
 $ python tests/kernel_builds.py   # the table; --quick: 12 builds that cover every flag; --json: the rows as JSON
 
 --graph CONFIG [CONFIG ...]: the kernels inside torch.compile's forward and backward graphs of each config's attention
-layer, traced with fullgraph=True (a graph break fails) and recorded, not run: a list, one entry per config. Run without TRITON_INTERPRET (the interpreter's kernels
-are neither compiled nor traced); nothing is launched.
+layer, traced with fullgraph=True (a graph break fails) and recorded, not run: a list, one entry per config. Run
+without TRITON_INTERPRET (the interpreter's kernels are neither compiled nor traced); nothing is launched.
 """
 import importlib
 import json

@@ -48,7 +48,7 @@ def patch_bf16_dot():
 
 def patch_nested_calls():
     """The interpreter patches triton.language for a kernel's run, then again at every call of a @jit function inside
-    it (each tile's load_rows, ...), with the same patch on the same modules, never undone: a seventh of a kernel
+    it (each tile's load_rows, ...), with the same patch on the same modules, never undone: about a tenth of a kernel
     test's time. A call inside a kernel whose modules the kernel's patch covers runs the function alone here."""
     import inspect
 
@@ -57,8 +57,12 @@ def patch_nested_calls():
     executor, function = interpreter.GridExecutor, interpreter.InterpretedFunction
     if not hasattr(interpreter, '_patch_lang') or not hasattr(executor, '__call__'):  # another triton
         return
-    run, call, patched = executor.__call__, function.__call__, []  # patched: the running kernels' modules
-    langs = lambda fn: {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+    run, call, patched, found = executor.__call__, function.__call__, [], {}  # patched: the running kernels' modules
+
+    def langs(fn):  # the triton.language modules fn sees, as the interpreter's patch finds them
+        if fn not in found:
+            found[fn] = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+        return found[fn]
 
     def running(self, *args, **kwargs):
         patched.append(langs(self.fn))
