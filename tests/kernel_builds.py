@@ -9,9 +9,9 @@ error, registers, spilled bytes, shared memory, blocks per SM, and the longest l
 
 $ python tests/kernel_builds.py   # the table; --quick: 12 builds that cover every flag; --json: the rows as JSON
 
---graph CONFIG: the kernels inside torch.compile's forward and backward graphs of one attention layer, traced with
-fullgraph=True (a graph break fails) and recorded, not run. Run without TRITON_INTERPRET (the interpreter's kernels
-are neither compiled nor traced); nothing is launched.
+--graph CONFIG [CONFIG ...]: the kernels inside torch.compile's forward and backward graphs of each config's attention
+layer, traced with fullgraph=True (a graph break fails) and recorded, not run: a list, one entry per config. Run
+without TRITON_INTERPRET (the interpreter's kernels are neither compiled nor traced); nothing is launched.
 """
 import importlib
 import json
@@ -252,8 +252,9 @@ def graph_kernels(**config):
 
 
 def main():
-    if '--graph' in sys.argv:  # one layer's graphs: --graph '{"attention": "krause", "mix": true}'
-        print(json.dumps(graph_kernels(**json.loads(sys.argv[sys.argv.index('--graph') + 1]))))
+    if '--graph' in sys.argv:  # each layer's graphs: --graph '{"attention": "krause", "mix": true}' '{...}'
+        configs = [json.loads(arg) for arg in sys.argv[sys.argv.index('--graph') + 1:]]
+        print(json.dumps([graph_kernels(**config) for config in configs]))
         return
     rows = list(ProcessPoolExecutor(max_workers=os.cpu_count() or 1).map(compile_one, builds_to_run('--quick' in sys.argv)))
     if '--json' in sys.argv:

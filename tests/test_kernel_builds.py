@@ -38,14 +38,22 @@ def test_every_kernel_builds_for_a_hopper_gpu():
     assert not spilled, '\n'.join(spilled)
 
 
-@pytest.mark.parametrize('config', [dict(attention='krause', krause_window=32, krause_topk=16, mix=True, dropout=0.1),
-                                    dict(attention='tda', tda_matched=True, tda_p=3.0)],
-                         ids=['krause mix with dropout', 'tda matched p=3'])
-def test_the_kernels_stay_inside_a_compiled_graph(config):
+GRAPH_CONFIGS = [dict(attention='krause', krause_window=32, krause_topk=16, mix=True, dropout=0.1),
+                 dict(attention='tda', tda_matched=True, tda_p=3.0)]
+
+
+@pytest.fixture(scope='module')
+def compiled_graphs():
+    """Each GRAPH_CONFIGS layer's graphs, traced in one process: torch and Dynamo imported once for both."""
+    return run_python(['tests/kernel_builds.py'], '--graph', *map(json.dumps, GRAPH_CONFIGS))
+
+
+@pytest.mark.parametrize('case', range(len(GRAPH_CONFIGS)), ids=['krause mix with dropout', 'tda matched p=3'])
+def test_the_kernels_stay_inside_a_compiled_graph(case, compiled_graphs):
     """torch.compile(fullgraph=True) of a layer whose forward path is its kernel (as on CUDA; here traced, not run):
     no graph break, the forward kernel in the forward graph and the backward kernels in the backward graph."""
-    graphs = run_python(['tests/kernel_builds.py'], '--graph', json.dumps(config))
-    rule = config['attention']
+    graphs = compiled_graphs[case]
+    rule = GRAPH_CONFIGS[case]['attention']
     backward = {'krause': ['krause_backward_queries_kernel', 'krause_backward_keys_kernel'],
                 'tda': ['tda_backward_keys_kernel', 'tda_backward_queries_kernel']}[rule]  # dk, dv; then dq, dτ, dλ
     assert graphs == {'forward': [f'{rule}_forward_kernel'], 'backward': backward}

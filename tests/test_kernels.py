@@ -1,6 +1,7 @@
 """The Triton kernels (machinery/kernels/) against their rules' math paths (`attend`, itself checked against the
 formula in tests/test_krause.py and tests/test_tda.py), in float32: forward and every gradient, at a length that is
-no multiple of the kernels' blocks (T = 150), per-head parameters that differ, and Krause at a tie at the k-th score.
+no multiple of the kernels' blocks (T = 70; 150 where a case needs more), per-head parameters that differ, and
+Krause at a tie at the k-th score.
 Without a GPU they run on the CPU through triton's interpreter (TRITON_INTERPRET=1, set in conftest.py before any
 kernel is defined); on a GPU, compiled (tests/test_gpu.py adds long sequences). bfloat16 as tests/test_gpu.py bars
 it, at the end. Sizes stay tiny (B=1, H=2, D=16): the interpreter runs each program in Python."""
@@ -18,7 +19,10 @@ DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 pytestmark = pytest.mark.skipif(not triton_runs_on(DEVICE),
                                 reason="needs triton (requirements-extras.txt): compiled on CUDA, or TRITON_INTERPRET=1 "
                                        "on the CPU" if triton is not None else "triton is not installed")
-T = 150  # no multiple of any block
+# the interpreter's time grows with the programs and loop trips a length makes, so each case takes the shorter length
+# that covers its tiles: T = 70 is no multiple of any block (16, 32, 64) and spans several of each, a masked tail
+# among them; T_WIDE = 150 reaches past the widest window (W = 128) and holds a whole 64-key block before its tail
+T, T_WIDE = 70, 150
 
 
 @pytest.fixture
@@ -55,7 +59,7 @@ def compare(attn, attend, tensors, names, tolerance=1e-5):
     return errors
 
 
-def tda_module(causal, differential, matched, p):
+def tda_module(causal, differential, matched, p, T=T):
     cfg = AttentionConfig(n_embd=32, n_head=2, block_size=T, attention='tda', tda_beta=0.6, tda_lambda=0.3,
                           causal=causal, tda_differential=differential, tda_matched=matched, tda_p=p)
     attn = build_attention(cfg, 0).to(DEVICE)
@@ -64,7 +68,7 @@ def tda_module(causal, differential, matched, p):
     return attn
 
 
-def tda_inputs(attn, seed=0):
+def tda_inputs(attn, seed=0, T=T):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(1, 2, T, 16, generator=g).to(DEVICE) for _ in attn.projections]
 
@@ -77,10 +81,12 @@ TDA_CASES = [(True, True, False, 2.0), (False, True, False, 2.0), (True, False, 
 
 @pytest.mark.parametrize('causal,differential,matched,p', TDA_CASES)
 def test_tda_kernel_equals_math(causal, differential, matched, p, kernel_calls):
-    attn = tda_module(causal, differential, matched, p)
-    tensors = tda_inputs(attn)
+    # T_WIDE: τ's and λ's gradients sum every weight's, and at T = 70 their float32 sums cancel past the 1e-5 bar
+    attn = tda_module(causal, differential, matched, p, T_WIDE)
+    tensors = tda_inputs(attn, T=T_WIDE)
     weights = attn.attention_weights(*tensors)
-    visible = torch.ones(T, T, device=DEVICE).tril().bool() if causal else torch.ones(T, T, device=DEVICE).bool()
+    visible = torch.ones(T_WIDE, T_WIDE, device=DEVICE).tril().bool() if causal else \
+        torch.ones(T_WIDE, T_WIDE, device=DEVICE).bool()
     assert 0.2 < (weights == 0)[..., visible].float().mean().item() < 0.99  # weights that pass and that do not
     compare(attn, attn.path(DEVICE), tensors, attn.projections)
     assert kernel_calls == ['tda_attention']
@@ -91,8 +97,8 @@ def test_tda_kernel_skips_a_key_block_without_survivors(zeroed, kernel_calls):
     """Keys 64..127 all zero: every score there is 0 < τ. In both views, that key block's tiles have no positive
     excess and are skipped after their scores; in view 1 only, they still carry -λa², which must not be skipped.
     The math path's function either way."""
-    attn = tda_module(True, True, False, 2.0)
-    tensors = tda_inputs(attn)
+    attn = tda_module(True, True, False, 2.0, T_WIDE)  # the keys' kernel's second 64-key block, whole
+    tensors = tda_inputs(attn, T=T_WIDE)
     for i in zeroed:  # k1, k2
         tensors[i][:, :, 64:128] = 0
     survivors = (attn.attention_weights(*tensors)[..., 64:128] != 0).any().item()
@@ -101,7 +107,7 @@ def test_tda_kernel_skips_a_key_block_without_survivors(zeroed, kernel_calls):
     assert kernel_calls
 
 
-def krause_module(W, topk):
+def krause_module(W, topk, T=T):
     cfg = AttentionConfig(n_embd=32, n_head=2, block_size=T, attention='krause', krause_window=W, krause_topk=topk)
     attn = build_attention(cfg, 0).to(DEVICE)
     with torch.no_grad():  # a different σ per head, so a mix-up of heads would show
@@ -109,18 +115,19 @@ def krause_module(W, topk):
     return attn
 
 
-def krause_inputs(seed=0):
+def krause_inputs(seed=0, T=T):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(1, 2, T, 16, generator=g).to(DEVICE) for _ in range(3)]
 
 
 # (W, k): the GPT setting; a narrow window; W = k (every row keeps all); W no power of two with a wider left tile
-# (32-query blocks); in each, the first rows reach k keys or fewer and keep them all
-@pytest.mark.parametrize('W,topk', [(32, 16), (8, 3), (20, 20), (100, 60), (128, 96)])
-def test_krause_kernel_equals_math(W, topk, kernel_calls):
-    attn = krause_module(W, topk)
+# (32-query blocks); in each, the first rows reach k keys or fewer and keep them all (the wide windows at T_WIDE: the
+# kernel narrows a window to T)
+@pytest.mark.parametrize('W,topk,T', [(32, 16, T), (8, 3, T), (20, 20, T), (100, 60, T_WIDE), (128, 96, T_WIDE)])
+def test_krause_kernel_equals_math(W, topk, T, kernel_calls):
+    attn = krause_module(W, topk, T)
     # scores of tens (σ = 0.7): float32 rounds them by ~1e-6, which exp carries into every output and gradient
-    compare(attn, attn.path(DEVICE), krause_inputs(), 'qkv', tolerance=1e-4)
+    compare(attn, attn.path(DEVICE), krause_inputs(T=T), 'qkv', tolerance=1e-4)
     assert kernel_calls
 
 
@@ -140,10 +147,10 @@ def test_the_mix_forms_rule_branch_runs_its_kernel(rule, kernel_calls):
     assert kernel_calls == [f"{'krause_band' if rule == 'krause' else 'tda'}_attention"]
 
 
-def whole_number_krause(scale, W=32, topk=16):
+def whole_number_krause(scale, W=32, topk=16, T=T):
     """Krause (σ = 1 and 2: σ⁻² exact) on whole-number q and k in [-4, 4] scaled by a power of two: every score is
     exact in float32 in any order of summation, scores of either sign and zeros among them, and ties abound."""
-    attn = krause_module(W, topk)
+    attn = krause_module(W, topk, T)
     with torch.no_grad():
         attn.log_sigma.copy_(torch.log(torch.tensor([1.0, 2.0])))
     g = torch.Generator().manual_seed(1)
@@ -161,28 +168,28 @@ def test_krause_kernel_selects_exactly_at_any_scale(scale, kernel_calls):
 
 
 def test_krause_kernel_keeps_every_key_tied_at_the_kth(kernel_calls):
-    """Keys 40..89 identical: their scores tie exactly, at and around each row's k-th, and the rows keep every tied
+    """Keys 20..69 identical: their scores tie exactly, at and around each row's k-th, and the rows keep every tied
     key (the math path's boundary halfway between the k-th and the (k+1)-th: >= keeps the tie). Whole-number q and
     k (whole_number_krause), so the tie is one inside the kernel too: identical random-float keys' dot products round
     differently by the key's place in the tile where the interpreter's tl.dot runs on numpy's BLAS (OpenBLAS's
     Haswell kernels), and the tie breaks in the last bit."""
     attn, (q, k, v) = whole_number_krause(2.0 ** -2)  # (1, 2, T, 16) each; scores of a few units, not tens
-    k[:, :, 40:90] = k[:, :, 40:41]  # the tied keys carry most of rows 40..89's weight
-    scores = attn.scores(q, k)[..., 89, 58:90]  # row 89's window: 32 keys, all tied
+    k[:, :, 20:70] = k[:, :, 20:21]  # the tied keys carry most of rows 20..69's weight, the masked tail's among them
+    scores = attn.scores(q, k)[..., 69, 38:70]  # row 69's window: 32 keys, all tied
     assert (scores == scores[..., :1]).all()
     compare(attn, attn.path(DEVICE), [q, k, v], 'qkv', tolerance=1e-4)
     assert kernel_calls
 
 
-@pytest.mark.parametrize('scale,W,topk', [(2.0 ** -10, 32, 16), (1.0, 32, 16), (2.0 ** 6, 32, 16), (1.0, 128, 96),
-                                          (2.0 ** -10, 128, 96)])
-def test_krause_kernel_boundaries_are_the_math_paths(scale, W, topk):
+@pytest.mark.parametrize('scale,W,topk,T', [(2.0 ** -10, 32, 16, T), (1.0, 32, 16, T), (2.0 ** 6, 32, 16, T),
+                                            (1.0, 128, 96, T_WIDE), (2.0 ** -10, 128, 96, T_WIDE)])
+def test_krause_kernel_boundaries_are_the_math_paths(scale, W, topk, T):
     """Each row's boundary as the kernel saves it equals the math path's topk_boundary bit for bit, at scores near
     0, over hundreds and over ~1e6 (there the gradients are float32 cancellations on either path, Σ_j ds_ij = 0
     against scores of 1e6, so the selection is compared directly), in the narrow band and the wide one (its radix
     search runs more passes, over scores of both signs)."""
     from machinery.kernels.krause import krause_band_attention
-    attn, (q, k, v) = whole_number_krause(scale, W, topk)
+    attn, (q, k, v) = whole_number_krause(scale, W, topk, T)
     y = krause_band_attention(q, k, v, attn.log_sigma, attn.krause_window, attn.topk)
     boundary = y.grad_fn.saved_tensors[-1].view(1, 2, T)  # (B·H, T), the last tensor the forward saves
     expected = attn.topk_boundaries(q, k, attn.neighbours(T, q.device))
