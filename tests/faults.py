@@ -150,6 +150,7 @@ def child(spec, out_fd, environ=None):
 def preload():
     """Import what every run imports in this process, paid once for all the runs forked from it."""
     import numpy, torch, torch.distributed, torch.nn.parallel, tqdm  # noqa: F401 E401
+    import torch._dynamo  # noqa: F401  torch.optim's first param group imports it: 2 s in every run that trains
     import attention, model, prepare, prepare.recall, rules, support.data, support.runtime, vit  # noqa: F401 E401
 
 
