@@ -32,9 +32,9 @@ step() {  # step NAME LIMIT_S COMMAND...: COMMAND under timeout(1), its output i
 # (each process compiling in itself, TORCHINDUCTOR_COMPILE_THREADS=1: not 8 pools of a worker per core)
 TESTS=(tests/test_gpu.py tests/test_kernels.py)
 if python -c "import xdist" 2>/dev/null; then
-    step tests 200 env TORCHINDUCTOR_COMPILE_THREADS=1 python -m pytest -q -n 8 "${TESTS[@]}" &
+    step tests 200 env TORCHINDUCTOR_COMPILE_THREADS=1 python -m pytest -q -n 8 --dist load "${TESTS[@]}" &
 else
-    step tests 200 python -m pytest -q "${TESTS[@]}" &
+    step tests 200 python -m pytest -q -o addopts= "${TESTS[@]}" &
 fi
 
 # 2. the paper configs as they are (their forward path on CUDA: the Triton kernel), 2 layers, on local text only,

@@ -83,7 +83,7 @@ def test_the_readme_rule_passes_every_all_rules_test():
     # all rules: it runs where it declares a form and is skipped, with a reason, where it does not
     all_rules_tests = ['tests/test_frame.py', 'tests/test_generate.py', 'tests/test_gpu.py']
     env = {**os.environ, 'REGISTER_README_RULE': '1', 'OMP_NUM_THREADS': '1'}
-    proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-rs', '-p', 'no:cacheprovider', '-k',
+    proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-n', '0', '-rs', '-p', 'no:cacheprovider', '-k',
                            'uniform and not readme_rule_passes', *all_rules_tests], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
