@@ -504,7 +504,10 @@ def test_a_recipe_key_goes_to_the_runs_that_read_it_and_one_the_lab_sets_is_refu
         ('softmax', '--seed=5', "error: recipe: --seed is set by the lab for each run (pass --seeds=N,... to the lab); "
                                 "drop it from --recipe"),
         ('softmax', f'--out_dir={tmp_path}/x', "error: recipe: --out_dir is set by the lab for each run (its folder "
-                                               "under --out_root); drop it from --recipe")]:
+                                               "under --out_root); drop it from --recipe"),
+        ('softmax', '--nproc_per_node=2', "error: recipe: --nproc_per_node is set by the lab for each run (the lab's "
+                                          "own --nproc_per_node (or --nodes, --gpus_per_node): it starts the "
+                                          "processes); drop it from --recipe")]:
         refused = run_script(*common[:-1], f'--rows={rows}', f'--recipe={recipe}', check=False)
         assert refused.strip().splitlines()[-1] == line, refused
     assert list(tmp_path.iterdir()) == []

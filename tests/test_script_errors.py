@@ -250,6 +250,8 @@ LATE_CASES = [
      r"seeds=1337,1337 gives 1337 more than once; pass each once: --seeds=1337$"),
     ('studies/ablate.py', ['--out_root=N/abl', '--rows=softmax,softmax'],
      r"rows=softmax,softmax gives softmax more than once; pass each once: --rows=softmax$"),
+    ('train.py', ['--nproc_per_node=0', '--data_dir=N/data', '--out_dir=N/out'],
+     r"nproc_per_node=0 must be at least 1; pass --nproc_per_node=1 or more$"),
     ('train.py', ['--max_iters=-1', '--data_dir=N/data', '--out_dir=N/out'],
      r"max_iters=-1 trains no iteration, so the run would write no checkpoint; pass --max_iters=1 or more$"),
     ('train.py', ['--init_from={d}/hub_heads', '--dataset=shakespeare', '--data_dir=N/data', '--out_dir=N/out'],

@@ -117,6 +117,12 @@ def test_nproc_per_node_checks_first_and_says_a_process_error_last(tmp_path):
     assert code == 1 and out.strip().splitlines()[-1] == ("error: gradient_accumulation_steps=3 must be a multiple of "
                                                            "the 2 processes; pass a multiple of 2"), out
     assert 'Traceback' not in out  # no torchrun (its report opens with one)
+    under_torchrun = {'LOCAL_WORLD_SIZE': '4', 'WORLD_SIZE': '4'}  # a count of its own beside torchrun's: refused
+    (code, out), = run_forked({'argv': ['train.py', *TINY, '--nproc_per_node=2', f'--out_dir={tmp_path / "a"}'],
+                               'env': under_torchrun})
+    said = out.strip().splitlines()[-1]
+    assert code == 1 and said == ("error: nproc_per_node=2, but torchrun started 4 processes on this node; under "
+                                  "torchrun drop --nproc_per_node (torchrun's own says how many)"), out
     (tmp_path / 'data').mkdir()
     (tmp_path / 'data' / 'meta.json').write_text('{"dataset": "recall", "kind": "examples"}')
     (code, out), = run_forked({'argv': ['train.py', *TINY, '--nproc_per_node=2', '--dataset=shakespeare_char',
